@@ -1,0 +1,27 @@
+# oversold: `make lab` runs the experiment, `make test` proves the code.
+GO       ?= go
+SERVERS  := mariadb-server redis-server redis-sentinel zookeeper etcd-server nginx faketime
+SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+ARGS     ?=
+
+.PHONY: deps lab test vet bench
+
+# Installs the Debian server packages that are missing; the project starts
+# its own private servers from them, so none needs to run as a service.
+deps:
+	@missing=$$(for p in $(SERVERS); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing:" $$missing; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+lab: deps
+	$(GO) run ./cmd/lab $(ARGS)
+
+vet:
+	$(GO) vet ./...
+
+test: deps vet
+	OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -race -count=1 -timeout 30m ./...

@@ -1,0 +1,101 @@
+package locking
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The renew functions here are in-process stand-ins: the keepalive is pure
+// timing logic; each backend's renewal is proven on its real server by locktest.
+
+func TestKeepaliveRenewsWhileRenewalsSucceed(t *testing.T) {
+	const ttl = 150 * time.Millisecond
+	var calls atomic.Int32
+	k := StartKeepalive(ttl, time.Now(), func(context.Context) error { calls.Add(1); return nil }, nil)
+	defer k.Stop()
+	select {
+	case <-k.Lost():
+		t.Fatal("Lost closed while every renewal succeeded")
+	case <-time.After(4 * ttl):
+	}
+	if calls.Load() < 3 {
+		t.Fatalf("%d renewals in 4 TTLs, want one every TTL/3", calls.Load())
+	}
+}
+
+func TestKeepaliveLostWhenValidityRunsOut(t *testing.T) {
+	const ttl = 150 * time.Millisecond
+	var failures atomic.Int32
+	sent := time.Now()
+	k := StartKeepalive(ttl, sent, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
+		func(error) { failures.Add(1) })
+	defer k.Stop()
+	select {
+	case <-k.Lost():
+		// Lost is due before the server could expire the key: sent + ttl.
+		if d := k.deadline(); !d.Before(sent.Add(ttl)) {
+			t.Errorf("Lost was due %v after the grant was sent, not before the TTL %v", d.Sub(sent), ttl)
+		}
+	case <-time.After(5 * ttl):
+		t.Fatal("Lost still open long after the lease's validity ran out")
+	}
+}
+
+func TestKeepaliveLostAtOnceWhenNotHeld(t *testing.T) {
+	const ttl = 3 * time.Second
+	var failures atomic.Int32
+	k := StartKeepalive(ttl, time.Now(), func(context.Context) error { return ErrNotHeld }, func(error) { failures.Add(1) })
+	defer k.Stop()
+	select {
+	case <-k.Lost():
+	case <-time.After(ttl / 2):
+		t.Fatal("Lost still open after the server said the lease is not held")
+	}
+	if failures.Load() != 1 {
+		t.Errorf("onFail heard %d failures, want 1", failures.Load())
+	}
+}
+
+func TestKeepaliveTransientFailureRetriedSooner(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	var calls atomic.Int32
+	k := StartKeepalive(ttl, time.Now(), func(context.Context) error {
+		if calls.Add(1) == 1 {
+			return errors.New("connection reset")
+		}
+		return nil
+	}, nil)
+	defer k.Stop()
+	select {
+	case <-k.Lost():
+		t.Fatal("one transient failure lost the lease")
+	case <-time.After(3 * ttl):
+	}
+}
+
+func TestKeepaliveStopIsSynchronous(t *testing.T) {
+	var inFlight, after atomic.Int32
+	var stopped atomic.Bool
+	k := StartKeepalive(30*time.Millisecond, time.Now(), func(ctx context.Context) error {
+		if stopped.Load() {
+			after.Add(1)
+		}
+		inFlight.Add(1)
+		defer inFlight.Add(-1)
+		time.Sleep(5 * time.Millisecond)
+		return nil
+	}, nil)
+	time.Sleep(50 * time.Millisecond)
+	k.Stop()
+	stopped.Store(true)
+	if inFlight.Load() != 0 {
+		t.Fatal("a renewal was still in flight after Stop returned")
+	}
+	time.Sleep(60 * time.Millisecond)
+	if after.Load() != 0 {
+		t.Fatal("a renewal ran after Stop returned")
+	}
+}
