@@ -1,0 +1,228 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/oversold-lab/oversold/internal/redisconn"
+	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// config is orderd's settings: DESIGN.md's configuration table.
+type config struct {
+	Addr          string
+	Instance      string
+	MySQLDSN      string
+	Database      string // from MySQLDSN: the cache's key prefix
+	RedisAddr     string
+	RedlockAddrs  []string
+	ZKServers     []string
+	EtcdEndpoints []string
+	Lock          string // "none" or one of backends.Names
+	Guard         storage.Guard
+	LockTTL       time.Duration
+	LockWait      time.Duration
+	WorkDelay     time.Duration
+	AdminToken    string
+}
+
+// setting is one row of the table: a variable, its default, and how it
+// lands in config. Its flag is the variable's name in kebab case.
+type setting struct {
+	env, def, usage string
+	set             func(c *config, v string) error
+}
+
+var settings = []setting{
+	{"OVERSOLD_ADDR", ":8080", "listen address", func(c *config, v string) error {
+		c.Addr = v
+		return checkHostPort(v)
+	}},
+	{"OVERSOLD_INSTANCE", "", "replica name in logs, metrics and orders (default: the hostname)", func(c *config, v string) error {
+		if v == "" {
+			h, err := os.Hostname()
+			if err != nil {
+				return fmt.Errorf("no value and no hostname: %w", err)
+			}
+			v = h
+		}
+		c.Instance = v
+		if len(v) > 255 {
+			return errors.New("longer than 255 bytes")
+		}
+		return nil
+	}},
+	{"OVERSOLD_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/oversold?parseTime=true", "go-sql-driver DSN", func(c *config, v string) error {
+		cfg, err := mysql.ParseDSN(v)
+		if err != nil {
+			return err
+		}
+		if cfg.DBName == "" {
+			return errors.New("names no database")
+		}
+		c.MySQLDSN, c.Database = v, cfg.DBName
+		return nil
+	}},
+	{"OVERSOLD_REDIS_ADDR", "127.0.0.1:6379", "Redis for the stock cache and the redis lock", func(c *config, v string) error {
+		c.RedisAddr = v
+		_, err := redisconn.Options(v)
+		return err
+	}},
+	{"OVERSOLD_REDLOCK_ADDRS", "", "comma-separated independent Redis masters", func(c *config, v string) (err error) {
+		c.RedlockAddrs, err = hostPorts(v)
+		return err
+	}},
+	{"OVERSOLD_ZK_SERVERS", "127.0.0.1:2181", "comma-separated ZooKeeper servers", func(c *config, v string) (err error) {
+		c.ZKServers, err = hostPorts(v)
+		return err
+	}},
+	{"OVERSOLD_ETCD_ENDPOINTS", "127.0.0.1:2379", "comma-separated etcd endpoints", func(c *config, v string) (err error) {
+		c.EtcdEndpoints, err = hostPorts(v)
+		return err
+	}},
+	{"OVERSOLD_LOCK", "redis", "none, " + strings.Join(backends.Names, ", "), func(c *config, v string) error {
+		c.Lock = v
+		if v != "none" && !slices.Contains(backends.Names, v) {
+			return fmt.Errorf("unknown lock %q (want none, %s)", v, strings.Join(backends.Names, ", "))
+		}
+		return nil
+	}},
+	{"OVERSOLD_GUARD", "version", "none, version, fencing, atomic", func(c *config, v string) (err error) {
+		c.Guard, err = storage.ParseGuard(v)
+		return err
+	}},
+	{"OVERSOLD_LOCK_TTL", "10s", "lease time to live", func(c *config, v string) (err error) {
+		c.LockTTL, err = duration(v, false)
+		return err
+	}},
+	{"OVERSOLD_LOCK_WAIT", "5s", "longest wait for a lock before 503", func(c *config, v string) (err error) {
+		c.LockWait, err = duration(v, false)
+		return err
+	}},
+	{"OVERSOLD_WORK_DELAY", "0", "simulated work inside the critical section", func(c *config, v string) (err error) {
+		c.WorkDelay, err = duration(v, true)
+		return err
+	}},
+	{"OVERSOLD_ADMIN_TOKEN", "", "bearer token for admin routes; empty disables them", func(c *config, v string) error {
+		c.AdminToken = v
+		return nil
+	}},
+}
+
+// flagName is the variable's flag: OVERSOLD_LOCK_TTL is lock-ttl.
+func flagName(env string) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(env, "OVERSOLD_")), "_", "-")
+}
+
+// configError is a bad setting: orderd exits with status 2.
+type configError struct {
+	Var string
+	Err error
+}
+
+func (e *configError) Error() string { return e.Var + ": " + e.Err.Error() }
+func (e *configError) Unwrap() error { return e.Err }
+
+// parseConfig reads the settings from the flags in args and from getenv.
+// A flag that is given wins over the variable, which wins over the default.
+func parseConfig(args []string, getenv func(string) string) (config, error) {
+	fs := flag.NewFlagSet("orderd", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // run prints the one line
+	flags := make([]*string, len(settings))
+	for i, s := range settings {
+		flags[i] = fs.String(flagName(s.env), "", s.usage)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return config{}, err
+		}
+		return config{}, &configError{Var: "flags", Err: err}
+	}
+	if fs.NArg() > 0 {
+		return config{}, &configError{Var: "flags", Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	given := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+
+	var c config
+	for i, s := range settings {
+		v := s.def
+		if e := getenv(s.env); e != "" {
+			v = e
+		}
+		if given[flagName(s.env)] {
+			v = *flags[i]
+		}
+		if err := s.set(&c, v); err != nil {
+			return config{}, &configError{Var: s.env, Err: err}
+		}
+	}
+	return c, nil
+}
+
+// usage prints the table, for --help.
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: orderd [flags]\n\nEach flag may also be set by its variable; a flag wins.")
+	for _, s := range settings {
+		def := ""
+		if s.def != "" {
+			def = " (default " + s.def + ")"
+		}
+		fmt.Fprintf(w, "  --%-16s %-24s %s%s\n", flagName(s.env), s.env, s.usage, def)
+	}
+}
+
+// duration parses a Go duration that must not be negative, nor zero unless
+// zeroOK.
+func duration(v string, zeroOK bool) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		return 0, err
+	case d < 0:
+		return 0, fmt.Errorf("%v is negative", d)
+	case d == 0 && !zeroOK:
+		return 0, errors.New("must be greater than 0")
+	}
+	return d, nil
+}
+
+// hostPorts splits a comma-separated list of host:port addresses; an
+// address may carry an http:// or https:// scheme (etcd endpoints do).
+func hostPorts(v string) ([]string, error) {
+	var out []string
+	for a := range strings.SplitSeq(v, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		hp := strings.TrimPrefix(strings.TrimPrefix(a, "http://"), "https://")
+		if err := checkHostPort(hp); err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+func checkHostPort(a string) error {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return err
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+		return fmt.Errorf("address %q: bad port %q", a, port)
+	}
+	return nil
+}

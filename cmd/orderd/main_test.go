@@ -1,0 +1,249 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+)
+
+func TestMain(m *testing.M) { testbed.Main(m) }
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// TestUnreachableServers: a server that does not answer at start is a bad
+// setting: one line naming its variable, exit status 2, no password shown.
+func TestUnreachableServers(t *testing.T) {
+	t.Parallel()
+	dead := closedAddr(t)
+	mysqlDSN := testbed.MySQL(t)
+	for _, c := range []struct {
+		name string
+		env  func(string) string
+		want string
+	}{
+		{"mysql", env("OVERSOLD_MYSQL_DSN", "app:hunter2@tcp("+dead+")/oversold", "OVERSOLD_LOCK", "local"),
+			"OVERSOLD_MYSQL_DSN: connect to app:***@tcp(" + dead + ")/oversold"},
+		{"redis", env("OVERSOLD_MYSQL_DSN", mysqlDSN, "OVERSOLD_REDIS_ADDR", dead, "OVERSOLD_LOCK", "local"),
+			"OVERSOLD_REDIS_ADDR: ping " + dead + ": "},
+		{"listen address", env("OVERSOLD_MYSQL_DSN", mysqlDSN, "OVERSOLD_REDIS_ADDR", testbed.Redis(t), "OVERSOLD_LOCK", "none",
+			"OVERSOLD_ADDR", "192.0.2.1:1", "OVERSOLD_INSTANCE", "unreach"),
+			"OVERSOLD_ADDR: listen tcp 192.0.2.1:1: "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			err := run(t.Context(), nil, c.env, &stderr)
+			if err == nil || !strings.HasPrefix(err.Error(), c.want) || exitCode(err) != 2 {
+				t.Errorf("run = %v (exit %d), want %q... and exit 2", err, exitCode(err), c.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("the password leaked: %v", err)
+			}
+		})
+	}
+}
+
+// orderdBinary builds the real binary into the test's temp dir.
+func orderdBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "orderd")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// command runs the binary with only the given variables (and PATH, HOME).
+func command(bin string, vars ...string) *exec.Cmd {
+	cmd := exec.Command(bin)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, vars...)
+	return cmd
+}
+
+// TestBinary builds the real orderd once and runs it.
+func TestBinary(t *testing.T) {
+	t.Parallel()
+	bin := orderdBinary(t)
+	t.Run("bad setting", func(t *testing.T) {
+		t.Parallel()
+		exitsWithOneLine(t, command(bin, "OVERSOLD_LOCK_TTL=abc"), "orderd: OVERSOLD_LOCK_TTL: time: invalid duration \"abc\"\n")
+	})
+	t.Run("unreachable redis", func(t *testing.T) {
+		t.Parallel()
+		dead := closedAddr(t)
+		exitsWithOneLine(t, command(bin, "OVERSOLD_MYSQL_DSN="+testbed.MySQL(t), "OVERSOLD_REDIS_ADDR="+dead, "OVERSOLD_LOCK=local"),
+			"orderd: OVERSOLD_REDIS_ADDR: ping "+dead+": dial tcp "+dead+": connect: connection refused\n")
+	})
+	t.Run("serves and drains", func(t *testing.T) {
+		t.Parallel()
+		servesAndDrains(t, bin)
+	})
+}
+
+// exitsWithOneLine runs cmd and wants exit status 2 and exactly want on stderr.
+func exitsWithOneLine(t *testing.T, cmd *exec.Cmd, want string) {
+	t.Helper()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Errorf("exit: %v, want status 2", err)
+	}
+	if got := stderr.String(); got != want {
+		t.Errorf("stderr %q, want %q", got, want)
+	}
+}
+
+// servesAndDrains starts the real orderd against private servers
+// with lock local, waits for /readyz, places an order, then sends SIGTERM
+// while a slow order is inside its critical section, and sees that order
+// answered 201 and orderd exit 0.
+func servesAndDrains(t *testing.T, bin string) {
+	const token = "e2e-token"
+	cmd := command(bin,
+		"OVERSOLD_ADDR=127.0.0.1:0",
+		"OVERSOLD_INSTANCE=e2e",
+		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t),
+		"OVERSOLD_REDIS_ADDR="+testbed.Redis(t),
+		"OVERSOLD_LOCK=local",
+		"OVERSOLD_WORK_DELAY=1500ms",
+		"OVERSOLD_ADMIN_TOKEN="+token,
+	)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	// The JSON log's first line says where it listens (port 0 picked one).
+	logs := make(chan map[string]any, 100)
+	go func() {
+		defer close(logs)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				t.Errorf("log line is not JSON: %q", sc.Text())
+				continue
+			}
+			logs <- line
+		}
+	}()
+	var base string
+	for line := range logs {
+		if line["msg"] == "orderd listening" {
+			base = "http://" + line["addr"].(string)
+			if line["instance"] != "e2e" || line["lock"] != "local" || line["guard"] != "version" {
+				t.Errorf("start line %v", line)
+			}
+			break
+		}
+	}
+	if base == "" {
+		t.Fatal("orderd exited before listening")
+	}
+
+	client := &http.Client{Timeout: 30 * time.Second}
+	do := func(method, path, body string, header ...string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			t.Errorf("%s %s: %v", method, path, err)
+			return 0, ""
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := do("GET", "/readyz", "")
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready: %d %s", code, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, body := do("PUT", "/v1/inventory/widget", `{"stock":3}`, "Authorization", "Bearer "+token); code != 200 {
+		t.Fatalf("PUT = %d %s", code, body)
+	}
+	if code, body := do("POST", "/v1/orders", `{"sku":"widget","quantity":1}`); code != 201 {
+		t.Fatalf("POST = %d %s", code, body)
+	}
+
+	// The slow order: once it holds the lock (the second grant), it is in
+	// its critical section, 1.5s of work from its commit.
+	slow := make(chan int, 1)
+	go func() {
+		code, _ := do("POST", "/v1/orders", `{"sku":"widget","quantity":2}`, "Idempotency-Key", "slow")
+		slow <- code
+	}()
+	for !strings.Contains(metrics(t, base), `oversold_lock_wait_seconds_count{lock="local",replica="e2e"} 2`) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := <-slow; code != 201 {
+		t.Errorf("the in-flight order answered %d, want 201", code)
+	}
+	var messages []string
+	for line := range logs {
+		messages = append(messages, fmt.Sprint(line["msg"]))
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("orderd exited with %v, want status 0", err)
+	}
+	if !strings.Contains(strings.Join(messages, "|"), "shutting down: finishing in-flight orders|") ||
+		messages[len(messages)-1] != "stopped" {
+		t.Errorf("log messages after SIGTERM: %q", messages)
+	}
+	if _, err := (&net.Dialer{Timeout: time.Second}).DialContext(context.Background(), "tcp", strings.TrimPrefix(base, "http://")); err == nil {
+		t.Errorf("still accepting connections after exit")
+	}
+}
+
+func metrics(t *testing.T, base string) string {
+	res, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
+}

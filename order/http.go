@@ -1,0 +1,301 @@
+package order
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// API limits of DESIGN.md.
+const (
+	maxBody        = 64 << 10
+	maxQuantity    = 1000
+	maxStock       = 1_000_000_000
+	maxKeyLength   = 255 // the idempotency_key column
+	retryAfterSecs = "1"
+)
+
+var skuPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+func (s *Service) routes() http.Handler {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.handleError
+	e.POST("/v1/orders", s.postOrder)
+	e.GET("/v1/orders/:id", s.getOrder)
+	e.GET("/v1/inventory/:sku", s.getInventory)
+	e.PUT("/v1/inventory/:sku", s.putInventory)
+	e.GET("/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
+	e.GET("/readyz", s.readyz)
+	e.GET("/metrics", echo.WrapHandler(s.metrics.Handler()))
+	return e
+}
+
+// postOrder: POST /v1/orders {"sku","quantity"}, optional Idempotency-Key.
+func (s *Service) postOrder(c echo.Context) error {
+	req, err := parseOrder(c)
+	if err == nil {
+		var o Order
+		var replayed bool
+		if o, replayed, err = s.Place(c.Request().Context(), req); err == nil {
+			return s.placed(c, o, replayed)
+		}
+	}
+	_, _, outcome := classify(err)
+	s.metrics.orders.WithLabelValues(outcome).Inc()
+	return err // handleError answers, and logs what nobody anticipated
+}
+
+func (s *Service) placed(c echo.Context, o Order, replayed bool) error {
+	c.Response().Header().Set("Location", "/v1/orders/"+o.ID)
+	if replayed {
+		s.metrics.orders.WithLabelValues("replayed").Inc()
+		s.log.Info("order replayed", "sku", o.SKU, "order_id", o.ID)
+		return c.JSON(http.StatusOK, o)
+	}
+	s.metrics.orders.WithLabelValues("created").Inc()
+	s.log.Info("order placed", "sku", o.SKU, "order_id", o.ID, "quantity", o.Quantity, "token", o.Token)
+	return c.JSON(http.StatusCreated, o)
+}
+
+func parseOrder(c echo.Context) (Request, error) {
+	var req Request
+	key := c.Request().Header.Get("Idempotency-Key")
+	if len(key) > maxKeyLength || strings.IndexFunc(key, func(r rune) bool { return r < ' ' || r > '~' }) >= 0 {
+		return req, invalid("Idempotency-Key must be at most %d printable ASCII characters", maxKeyLength)
+	}
+	req.Key = key
+	obj, err := readObject(c, "sku", "quantity")
+	if err != nil {
+		return req, err
+	}
+	if req.SKU, err = skuField(obj["sku"]); err != nil {
+		return req, err
+	}
+	req.Quantity, err = intField(obj, "quantity", 1, maxQuantity)
+	return req, err
+}
+
+// getOrder: GET /v1/orders/{id}.
+func (s *Service) getOrder(c echo.Context) error {
+	id := c.Param("id")
+	if _, err := uuid.Parse(id); err != nil {
+		return fmt.Errorf("order %q: %w", id, storage.ErrNotFound) // cannot exist
+	}
+	o, err := s.store.Order(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, fromStorage(o))
+}
+
+// getInventory: GET /v1/inventory/{sku}, from MySQL, the truth.
+func (s *Service) getInventory(c echo.Context) error {
+	sku := c.Param("sku")
+	if !skuPattern.MatchString(sku) {
+		return fmt.Errorf("sku %q: %w", sku, storage.ErrUnknownSKU) // cannot exist
+	}
+	inv, err := s.store.Inventory(c.Request().Context(), sku)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, toItem(inv))
+}
+
+// putInventory: PUT /v1/inventory/{sku} {"stock"}, admin only. It creates or
+// resets the SKU (its version grows) and then refreshes the cache.
+func (s *Service) putInventory(c echo.Context) error {
+	if err := s.authorize(c.Request()); err != nil {
+		return err
+	}
+	sku := c.Param("sku")
+	if !skuPattern.MatchString(sku) {
+		return invalid("sku must be 1 to 64 letters, digits, '-', '_' or '.'")
+	}
+	obj, err := readObject(c, "stock")
+	if err != nil {
+		return err
+	}
+	stock, err := intField(obj, "stock", 0, maxStock)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	inv, err := s.store.PutInventory(ctx, sku, stock)
+	if err != nil {
+		return err
+	}
+	item := toItem(inv)
+	if err := s.cache.Set(ctx, item); err != nil {
+		// MySQL has the new stock; a retried PUT writes it again.
+		return fmt.Errorf("%w: stock set in MySQL, cache not refreshed: %w", ErrUnavailable, err)
+	}
+	s.log.Info("inventory set", "sku", sku, "stock", item.Stock, "version", item.Version)
+	return c.JSON(http.StatusOK, item)
+}
+
+// authorize checks the admin bearer token in constant time. Both sides are
+// hashed first, so the comparison does not even leak the token's length.
+// An empty OVERSOLD_ADMIN_TOKEN disables the admin routes: 401 for all.
+func (s *Service) authorize(r *http.Request) error {
+	if s.cfg.AdminToken == "" {
+		return fmt.Errorf("%w: admin routes are disabled (OVERSOLD_ADMIN_TOKEN is empty)", ErrUnauthorized)
+	}
+	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	got := sha256.Sum256([]byte(token))
+	if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], s.admin[:]) != 1 {
+		return fmt.Errorf("%w: want Authorization: Bearer <admin token>", ErrUnauthorized)
+	}
+	return nil
+}
+
+// readObject reads the body as one JSON object whose keys are exactly
+// fields (case-sensitive: encoding/json alone would take "SKU" for "sku").
+// Anything else is ErrInvalid: a Content-Type other than application/json,
+// a body over 64 KiB, malformed JSON, trailing data, unknown or missing
+// fields.
+func readObject(c echo.Context, fields ...string) (map[string]json.RawMessage, error) {
+	r := c.Request()
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return nil, invalid("Content-Type must be application/json")
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(c.Response().Writer, r.Body, maxBody))
+	var obj map[string]json.RawMessage
+	err := dec.Decode(&obj)
+	if err == nil && obj == nil {
+		err = errors.New("want an object, got null")
+	}
+	if err == nil {
+		if _, tail := dec.Token(); tail != io.EOF {
+			err = errors.New("trailing data after the object")
+			if tail != nil {
+				err = tail
+			}
+		}
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		return nil, invalid("body over %d KiB", maxBody>>10)
+	case err != nil:
+		return nil, invalid("body must be one JSON object: %v", err)
+	}
+	for k := range obj {
+		if !slices.Contains(fields, k) {
+			return nil, invalid("unknown field %q", k)
+		}
+	}
+	for _, f := range fields {
+		if _, ok := obj[f]; !ok {
+			return nil, invalid("missing field %q", f)
+		}
+	}
+	return obj, nil
+}
+
+func skuField(raw json.RawMessage) (string, error) {
+	var sku string
+	if err := json.Unmarshal(raw, &sku); err != nil || !skuPattern.MatchString(sku) {
+		return "", invalid("sku must be a string of 1 to 64 letters, digits, '-', '_' or '.'")
+	}
+	return sku, nil
+}
+
+// intField reads a JSON integer in [lo, hi]. It parses the raw literal:
+// 1.5, 1e3, "1" and numbers beyond int64 are all refused.
+func intField(obj map[string]json.RawMessage, name string, lo, hi int64) (int64, error) {
+	n, err := strconv.ParseInt(string(obj[name]), 10, 64)
+	if err != nil || n < lo || n > hi {
+		return 0, invalid("%s must be an integer from %d to %d", name, lo, hi)
+	}
+	return n, nil
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// errorCodes maps domain errors to answers: the one place that does.
+var errorCodes = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{ErrInvalid, http.StatusBadRequest, "invalid_request"},
+	{ErrUnauthorized, http.StatusUnauthorized, "unauthorized"},
+	{storage.ErrUnknownSKU, http.StatusNotFound, "unknown_sku"},
+	{storage.ErrNotFound, http.StatusNotFound, "not_found"},
+	{storage.ErrOutOfStock, http.StatusConflict, "out_of_stock"},
+	{ErrLockLost, http.StatusConflict, "lock_lost"},
+	{storage.ErrConflict, http.StatusConflict, "conflict"},
+	{ErrLockTimeout, http.StatusServiceUnavailable, "lock_timeout"},
+	{ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
+	{locking.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
+}
+
+// classify returns err's answer and its outcome label. An error nobody
+// anticipated (MySQL or Redis failing mid-request, a client gone) is 503
+// unavailable to the client and outcome "error" in the metrics.
+func classify(err error) (status int, code, outcome string) {
+	for _, c := range errorCodes {
+		if errors.Is(err, c.err) {
+			if c.code == "invalid_request" {
+				return c.status, c.code, "invalid"
+			}
+			return c.status, c.code, c.code
+		}
+	}
+	return http.StatusServiceUnavailable, "unavailable", "error"
+}
+
+type apiError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// handleError is echo's error handler: every error answer is
+// {"error":{"code","message"}}.
+func (s *Service) handleError(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	status, code, outcome := classify(err)
+	msg := err.Error()
+	var he *echo.HTTPError
+	switch {
+	case errors.As(err, &he): // echo's own: no route, wrong method
+		status, code, msg = he.Code, "invalid_request", fmt.Sprint(he.Message)
+		if status == http.StatusNotFound {
+			code = "not_found"
+		}
+	case outcome == "error":
+		msg = "internal failure; see the replica's log"
+		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
+	}
+	h := c.Response().Header()
+	switch status {
+	case http.StatusServiceUnavailable:
+		h.Set("Retry-After", retryAfterSecs)
+	case http.StatusUnauthorized:
+		h.Set("WWW-Authenticate", `Bearer realm="oversold admin"`)
+	}
+	body := map[string]apiError{"error": {Code: code, Message: msg}}
+	if err := c.JSON(status, body); err != nil {
+		s.log.Warn("writing error answer failed", "err", err)
+	}
+}

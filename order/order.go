@@ -1,0 +1,114 @@
+// Package order is oversold's order flow and its HTTP API (echo).
+//
+// Service.Place runs the flow of DESIGN.md, one step per line of placeOnce:
+//
+//  1. replay: an order with the same Idempotency-Key exists: return it
+//  2. lease := Locker.Acquire(ctx, "sku/"+sku)        (no Locker: lock=none)
+//  3. stock := the cache's entry (a miss reads MySQL and fills it)
+//  4. stock < quantity: out of stock
+//  5. the work delay: business logic inside the critical section
+//  6. one MySQL transaction: the guarded stock write and the order insert
+//  7. the cache takes the new stock and version
+//  8. lease.Release, after the commit, with a context of its own
+//
+// The package declares the small interfaces it needs (Store, Cache, Locker);
+// storage, inventory and locking satisfy them.
+//
+// Service.Handler serves the API of DESIGN.md. Choices DESIGN.md leaves
+// open, made here:
+//
+//   - Admin routes with an empty admin token answer 401 unauthorized, like a
+//     wrong token, so a client learns nothing new from the difference.
+//   - A SKU or order id in a GET path that could never exist is 404
+//     unknown_sku / not_found without a database query; in a PUT path, 400.
+//   - A failure nobody anticipated (MySQL or Redis failing mid-request) is
+//     503 unavailable with Retry-After, never a 500: retrying with the same
+//     Idempotency-Key is safe. Its metrics outcome is "error".
+//   - An Idempotency-Key is at most 255 printable ASCII characters. A
+//     replayed key returns the first order, whatever the new body says.
+package order
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/oversold-lab/oversold/inventory"
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// Order is an order as the API shows it.
+type Order struct {
+	ID        string    `json:"id"`
+	SKU       string    `json:"sku"`
+	Quantity  int64     `json:"quantity"`
+	Status    string    `json:"status"`
+	Instance  string    `json:"instance"`
+	Lock      string    `json:"lock"`
+	Token     uint64    `json:"token"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func fromStorage(o storage.Order) Order {
+	return Order{
+		ID: o.ID, SKU: o.SKU, Quantity: o.Quantity, Status: o.Status,
+		Instance: o.Instance, Lock: o.Lock, Token: o.Token, CreatedAt: o.CreatedAt.UTC(),
+	}
+}
+
+// Request is one order to place. Key is the Idempotency-Key, "" for none.
+type Request struct {
+	SKU      string
+	Quantity int64
+	Key      string
+}
+
+// Store is the MySQL side of the flow (storage.Store).
+type Store interface {
+	// PlaceOrder is step 6: see storage.Store.PlaceOrder.
+	PlaceOrder(ctx context.Context, w storage.Write, beforeCommit func() error) (storage.Inventory, error)
+	Order(ctx context.Context, id string) (storage.Order, error)
+	OrderByKey(ctx context.Context, key string) (storage.Order, error)
+	Inventory(ctx context.Context, sku string) (storage.Inventory, error)
+	PutInventory(ctx context.Context, sku string, stock int64) (storage.Inventory, error)
+	Ping(ctx context.Context) error
+
+	// The replicas table, for the mixed-settings check of /readyz.
+	Heartbeat(ctx context.Context, r storage.Replica) error
+	RemoveReplica(ctx context.Context, instance string) error
+	LiveReplicas(ctx context.Context, within time.Duration) ([]storage.Replica, error)
+}
+
+// Cache is the stock cache of steps 3 and 7 (inventory.Cache).
+type Cache interface {
+	// Get returns the SKU's entry; on a miss it fills it from load.
+	Get(ctx context.Context, sku string, load func(context.Context) (inventory.Item, error)) (inventory.Item, error)
+	// Set caches item unless the cache holds its version or a newer one.
+	Set(ctx context.Context, item inventory.Item) error
+	Ping(ctx context.Context) error
+}
+
+// Locker is the lock of step 2; nil means lock=none.
+type Locker = locking.Locker
+
+// Errors of the flow and the API, besides storage's sentinels
+// (ErrUnknownSKU, ErrOutOfStock, ErrConflict, ErrNotFound), which the API
+// answers as they are.
+var (
+	// ErrInvalid: the request breaks the API's rules (400 invalid_request).
+	ErrInvalid = errors.New("invalid request")
+	// ErrUnauthorized: an admin route without the right bearer token.
+	ErrUnauthorized = errors.New("unauthorized")
+	// ErrLockLost: the lease was lost before the write, or the fencing
+	// guard refused the write; nothing was written.
+	ErrLockLost = errors.New("lock lost")
+	// ErrLockTimeout: the lock was not granted within Config.LockWait.
+	ErrLockTimeout = errors.New("lock wait timed out")
+	// ErrUnavailable: a dependency (lock service, MySQL, Redis) failed.
+	ErrUnavailable = errors.New("unavailable")
+)
+
+func toItem(inv storage.Inventory) inventory.Item {
+	return inventory.Item{SKU: inv.SKU, Stock: inv.Stock, Version: inv.Version}
+}

@@ -1,0 +1,327 @@
+package order
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/oversold-lab/oversold/inventory"
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+const (
+	// DefaultLockWait is Config.LockWait's default, as OVERSOLD_LOCK_WAIT's.
+	DefaultLockWait = 5 * time.Second
+	// maxAttempts bounds the version guard's retries of the whole flow.
+	maxAttempts = 8
+	// Retries back off with full jitter from retryBase, doubling, capped:
+	// replicas that conflicted once should not meet again in lockstep.
+	retryBase = 5 * time.Millisecond
+	retryCap  = 250 * time.Millisecond
+	// afterCommitTimeout bounds steps 7 and 8, which run on a context of
+	// their own (see afterCommit).
+	afterCommitTimeout = 5 * time.Second
+)
+
+// Config is one replica's settings.
+type Config struct {
+	Instance string        // replica name in orders, logs and metrics
+	Lock     string        // the lock backend's name; "none" with a nil Locker
+	Guard    storage.Guard // "" = version
+	// LockWait is the longest wait for the lock (0 = DefaultLockWait).
+	LockWait time.Duration
+	// WorkDelay is simulated business logic inside the critical section.
+	WorkDelay time.Duration
+	// AdminToken is the bearer token of the admin routes; "" disables them.
+	AdminToken string
+	Logger     *slog.Logger // nil: no logs
+	Metrics    *Metrics     // nil: NewMetrics(Instance, Lock, Guard)
+}
+
+// Service is one replica of the order service. Its methods are safe for
+// concurrent use.
+type Service struct {
+	store   Store
+	cache   Cache
+	locker  Locker // nil: lock=none, steps 2 and 8 skipped
+	cfg     Config
+	log     *slog.Logger
+	metrics *Metrics
+	admin   [sha256.Size]byte // hash of the admin token, for a constant-time compare
+	handler http.Handler
+
+	// beforeWrite, if set, runs between steps 5 and 6: the place where the
+	// lab injects a pause. Nil outside the lab.
+	beforeWrite func(ctx context.Context)
+
+	stopOnce  sync.Once
+	stop      chan struct{} // ends the heartbeat
+	heartbeat sync.WaitGroup
+}
+
+// New returns a replica of the order service. locker is nil for lock=none.
+func New(store Store, cache Cache, locker Locker, cfg Config) *Service {
+	if locker == nil {
+		cfg.Lock = "none"
+	}
+	if cfg.Guard == "" {
+		cfg.Guard = storage.GuardVersion
+	}
+	if cfg.LockWait <= 0 {
+		cfg.LockWait = DefaultLockWait
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(cfg.Instance, cfg.Lock, cfg.Guard)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Service{
+		store:   store,
+		cache:   cache,
+		locker:  locker,
+		cfg:     cfg,
+		log:     log.With("instance", cfg.Instance),
+		metrics: cfg.Metrics,
+		admin:   sha256.Sum256([]byte(cfg.AdminToken)),
+		stop:    make(chan struct{}),
+	}
+	s.handler = s.routes()
+	return s
+}
+
+// Handler is the HTTP API.
+func (s *Service) Handler() http.Handler { return s.handler }
+
+// Place places an order, running the flow of DESIGN.md. replayed reports an
+// order placed earlier with the same key. A version conflict retries the
+// whole flow, from the replay check on, up to maxAttempts times.
+func (s *Service) Place(ctx context.Context, req Request) (o Order, replayed bool, err error) {
+	for attempt := 1; ; attempt++ {
+		o, replayed, err = s.placeOnce(ctx, req)
+		if !errors.Is(err, storage.ErrConflict) || attempt == maxAttempts {
+			return o, replayed, err
+		}
+		backoff := rand.N(min(retryBase<<attempt, retryCap))
+		if err := sleep(ctx, backoff); err != nil {
+			return Order{}, false, err
+		}
+	}
+}
+
+// placeOnce is steps 1 to 8, once.
+func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, error) {
+	// 1. replay
+	if req.Key != "" {
+		prev, err := s.store.OrderByKey(ctx, req.Key)
+		if err == nil {
+			return fromStorage(prev), true, nil
+		}
+		if !errors.Is(err, storage.ErrNotFound) {
+			return Order{}, false, err
+		}
+	}
+
+	// 2. lock
+	var lease locking.Lease
+	if s.locker != nil {
+		var err error
+		if lease, err = s.acquire(ctx, req.SKU); err != nil {
+			return Order{}, false, err
+		}
+		// 8. release, once everything below (commit included) is done.
+		// time.Now() is evaluated here: the hold starts at the grant.
+		defer s.release(ctx, lease, time.Now())
+	}
+
+	// 3. stock from the cache
+	item, err := s.cache.Get(ctx, req.SKU, s.load(req.SKU))
+	if err != nil {
+		return Order{}, false, err
+	}
+
+	// 4. enough?
+	if item.Stock < req.Quantity {
+		return Order{}, false, fmt.Errorf("%q has %d, ordered %d: %w", req.SKU, item.Stock, req.Quantity, storage.ErrOutOfStock)
+	}
+
+	// 5. business logic inside the critical section
+	if err := sleep(ctx, s.cfg.WorkDelay); err != nil {
+		return Order{}, false, err
+	}
+	if s.beforeWrite != nil {
+		s.beforeWrite(ctx)
+	}
+
+	// 6. the guarded write and the order, in one transaction
+	placed, inv, err := s.write(ctx, req, item, lease)
+	if err != nil {
+		return s.refused(ctx, req, err)
+	}
+
+	// 7. the cache takes the new stock. The order is committed whatever
+	// happens here: a failure leaves an older entry, which the version
+	// guard refuses and refreshes.
+	cctx, cancel := afterCommit(ctx)
+	defer cancel()
+	if err := s.cache.Set(cctx, toItem(inv)); err != nil {
+		s.log.Warn("cache update after commit failed", "sku", req.SKU, "order_id", placed.ID, "err", err)
+	}
+	return fromStorage(placed), false, nil
+}
+
+// write is step 6. A lease known to be lost must not write: Lost is checked
+// before the transaction and again right before its commit.
+func (s *Service) write(ctx context.Context, req Request, seen inventory.Item, lease locking.Lease) (storage.Order, storage.Inventory, error) {
+	if lost(lease) {
+		return storage.Order{}, storage.Inventory{}, fmt.Errorf("%w before the write", ErrLockLost)
+	}
+	var token uint64
+	if lease != nil {
+		token = lease.Token()
+	}
+	o := storage.Order{
+		ID:        uuid.Must(uuid.NewV7()).String(),
+		SKU:       req.SKU,
+		Quantity:  req.Quantity,
+		Status:    storage.StatusConfirmed,
+		Instance:  s.cfg.Instance,
+		Lock:      s.cfg.Lock,
+		Token:     token,
+		CreatedAt: time.Now().UTC().Truncate(time.Microsecond), // what MySQL keeps
+	}
+	if req.Key != "" {
+		o.IdempotencyKey = &req.Key
+	}
+	w := storage.Write{Guard: s.cfg.Guard, Order: o, Stock: seen.Stock, Version: seen.Version, Token: token}
+	inv, err := s.store.PlaceOrder(ctx, w, func() error {
+		if lost(lease) {
+			return fmt.Errorf("%w before the commit", ErrLockLost)
+		}
+		return nil
+	})
+	return o, inv, err
+}
+
+// refused handles a failed step 6. Nothing was written.
+func (s *Service) refused(ctx context.Context, req Request, err error) (Order, bool, error) {
+	switch {
+	case errors.Is(err, storage.ErrConflict):
+		// Our read was stale: refresh the cache from MySQL so the retry
+		// (after the release) starts from the truth.
+		s.metrics.guardConflicts.Inc()
+		s.refresh(ctx, req.SKU)
+	case errors.Is(err, storage.ErrStaleFence):
+		s.metrics.guardConflicts.Inc()
+		err = fmt.Errorf("%w: %w", ErrLockLost, err)
+	case errors.Is(err, storage.ErrOutOfStock):
+		s.refresh(ctx, req.SKU) // atomic guard: the cache was behind
+	case errors.Is(err, storage.ErrDuplicate):
+		// A concurrent request with the same key committed first; the
+		// UNIQUE index rolled ours back, stock write included.
+		prev, err := s.store.OrderByKey(ctx, req.Key)
+		if err != nil {
+			return Order{}, false, err
+		}
+		return fromStorage(prev), true, nil
+	}
+	return Order{}, false, err
+}
+
+// acquire is step 2: wait at most LockWait for the SKU's lock.
+func (s *Service) acquire(ctx context.Context, sku string) (locking.Lease, error) {
+	wait, cancel := context.WithTimeout(ctx, s.cfg.LockWait)
+	defer cancel()
+	start := time.Now()
+	lease, err := s.locker.Acquire(wait, "sku/"+sku)
+	s.metrics.lockWait.Observe(time.Since(start).Seconds())
+	switch {
+	case err == nil:
+		return lease, nil
+	case ctx.Err() != nil: // the caller left; not the lock's fault
+		return nil, err
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil, fmt.Errorf("%w after %v: %w", ErrLockTimeout, s.cfg.LockWait, err)
+	default:
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+}
+
+// release is step 8. It runs last, after the commit if there was one, on a
+// context of its own: a lock left behind would block the SKU until its TTL.
+func (s *Service) release(ctx context.Context, lease locking.Lease, granted time.Time) {
+	if lost(lease) {
+		s.metrics.leasesLost.Inc()
+	}
+	ctx, cancel := afterCommit(ctx)
+	defer cancel()
+	err := lease.Release(ctx)
+	s.metrics.lockHold.Observe(time.Since(granted).Seconds())
+	if err != nil {
+		s.log.Warn("lock release failed", "key", lease.Key(), "err", err)
+	}
+}
+
+// afterCommit returns a context for the work that follows a commit (steps
+// 7 and 8): it must be done even when the client has left and cancelled
+// the request's context, so it keeps the values but not the cancellation.
+func afterCommit(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), afterCommitTimeout)
+}
+
+// load reads a SKU's stock from MySQL for the cache.
+func (s *Service) load(sku string) func(context.Context) (inventory.Item, error) {
+	return func(ctx context.Context) (inventory.Item, error) {
+		inv, err := s.store.Inventory(ctx, sku)
+		return toItem(inv), err
+	}
+}
+
+// refresh puts MySQL's stock and version in the cache.
+func (s *Service) refresh(ctx context.Context, sku string) {
+	item, err := s.load(sku)(ctx)
+	if err == nil {
+		err = s.cache.Set(ctx, item)
+	}
+	if err != nil {
+		s.log.Warn("cache refresh failed", "sku", sku, "err", err)
+	}
+}
+
+// lost reports whether the lease can no longer be trusted.
+func lost(lease locking.Lease) bool {
+	if lease == nil {
+		return false
+	}
+	select {
+	case <-lease.Lost():
+		return true
+	default:
+		return false
+	}
+}
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

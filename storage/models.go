@@ -1,0 +1,80 @@
+package storage
+
+import (
+	"fmt"
+	"time"
+)
+
+// Inventory is one SKU's stock. Version grows with every write, whatever
+// the guard, so the cache can tell a newer entry from an older one. Fence is
+// the highest fencing token that wrote the row (fencing guard only).
+type Inventory struct {
+	SKU       string    `gorm:"column:sku;type:varchar(64);primaryKey"`
+	Stock     int64     `gorm:"not null"`
+	Version   uint64    `gorm:"not null"`
+	Fence     uint64    `gorm:"not null"`
+	CreatedAt time.Time `gorm:"type:datetime(6);not null"`
+	UpdatedAt time.Time `gorm:"type:datetime(6);not null"`
+}
+
+// TableName fixes the table's name: the lab and outside tools read it.
+func (Inventory) TableName() string { return "inventory" }
+
+// StatusConfirmed is the status of every order the flow writes: an order
+// exists only once its stock write committed with it.
+const StatusConfirmed = "confirmed"
+
+// Order is one placed order. IdempotencyKey is NULL when the client sent
+// none; the UNIQUE index on it is what makes two concurrent requests with
+// one key create one order.
+type Order struct {
+	ID             string    `gorm:"type:char(36);primaryKey"` // UUIDv7: ordered by time
+	SKU            string    `gorm:"column:sku;type:varchar(64);not null;index"`
+	Quantity       int64     `gorm:"not null"`
+	Status         string    `gorm:"type:varchar(16);not null"`
+	Instance       string    `gorm:"type:varchar(255);not null"` // the replica that placed it
+	Lock           string    `gorm:"type:varchar(16);not null"`  // the lock backend it ran under
+	Token          uint64    `gorm:"not null"`                   // the lease's fencing token; 0 = none
+	IdempotencyKey *string   `gorm:"type:varchar(255);uniqueIndex"`
+	CreatedAt      time.Time `gorm:"type:datetime(6);not null"`
+}
+
+// TableName fixes the table's name: the lab and outside tools read it.
+func (Order) TableName() string { return "orders" }
+
+// Replica is one running orderd, as it announced itself. Replicas behind
+// one balancer must agree on lock and guard; this table lets each check.
+type Replica struct {
+	Instance    string    `gorm:"type:varchar(255);primaryKey"`
+	Lock        string    `gorm:"type:varchar(16);not null"`
+	Guard       string    `gorm:"type:varchar(16);not null"`
+	StartedAt   time.Time `gorm:"type:datetime(6);not null"`
+	HeartbeatAt time.Time `gorm:"type:datetime(6);not null;index"`
+}
+
+// TableName fixes the table's name.
+func (Replica) TableName() string { return "replicas" }
+
+// Guard is the condition the stock write of step 6 is made under.
+type Guard string
+
+// The four guards of DESIGN.md.
+const (
+	GuardNone    Guard = "none"    // trust the lock alone
+	GuardVersion Guard = "version" // optimistic: the row's version must be the one read
+	GuardFencing Guard = "fencing" // the lease's token must be newer than the last writer's
+	GuardAtomic  Guard = "atomic"  // decrement in place if enough stock: no lock needed
+)
+
+// Guards lists every guard.
+var Guards = []Guard{GuardNone, GuardVersion, GuardFencing, GuardAtomic}
+
+// ParseGuard returns the guard named s.
+func ParseGuard(s string) (Guard, error) {
+	for _, g := range Guards {
+		if string(g) == s {
+			return g, nil
+		}
+	}
+	return "", fmt.Errorf("unknown guard %q (want one of none, version, fencing, atomic)", s)
+}

@@ -1,0 +1,217 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Write is one order's guarded stock write: the order to insert, and what
+// the caller read and holds, which the guard checks.
+type Write struct {
+	Guard Guard
+	// Order is the row to insert; its SKU and Quantity are the decrement.
+	Order Order
+	// Stock and Version are the inventory as the caller read it (step 3).
+	// The new stock is Stock - Quantity for every guard but atomic.
+	Stock   int64
+	Version uint64
+	// Token is the lease's fencing token (fencing guard).
+	Token uint64
+}
+
+// PlaceOrder runs step 6 of the flow in one transaction: the guarded UPDATE
+// of the inventory row, a check that it changed the row, the INSERT of the
+// order, and a read-back of the new stock and version. beforeCommit, if not
+// nil, has the last word: an error from it rolls everything back and is
+// returned (the flow uses it to refuse writing once its lease is lost).
+//
+// A refused guard returns ErrConflict (version), ErrStaleFence (fencing) or
+// ErrOutOfStock (atomic); a missing row ErrUnknownSKU; an idempotency key
+// already used ErrDuplicate. In every error case nothing was written.
+func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() error) (Inventory, error) {
+	var inv Inventory
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		res := guardedUpdate(tx, w)
+		if res.Error != nil {
+			return res.Error
+		}
+		// Every guard bumps version, so a row that matched also changed:
+		// zero rows means the guard refused, or there is no such SKU.
+		if res.RowsAffected == 0 {
+			return refused(tx, w)
+		}
+		if err := tx.Create(&w.Order).Error; err != nil {
+			if mysqlErrno(err) == errDupEntry && w.Order.IdempotencyKey != nil {
+				return ErrDuplicate
+			}
+			return err
+		}
+		if err := tx.Take(&inv, "sku = ?", w.Order.SKU).Error; err != nil {
+			return err
+		}
+		if beforeCommit != nil {
+			return beforeCommit()
+		}
+		return nil
+	})
+	if mysqlErrno(err) == errLockDeadlock {
+		err = fmt.Errorf("%w: %w", ErrConflict, err)
+	}
+	if err != nil {
+		return Inventory{}, fmt.Errorf("place order on %q: %w", w.Order.SKU, err)
+	}
+	return inv, nil
+}
+
+// guardedUpdate runs the guard's write, exactly as DESIGN.md states it. All
+// four also bump version: the cache orders its entries by it.
+func guardedUpdate(tx *gorm.DB, w Write) *gorm.DB {
+	sku, q := w.Order.SKU, w.Order.Quantity
+	switch w.Guard {
+	case GuardNone:
+		return tx.Exec(`UPDATE inventory SET stock = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
+			WHERE sku = ?`, w.Stock-q, sku)
+	case GuardVersion:
+		return tx.Exec(`UPDATE inventory SET stock = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
+			WHERE sku = ? AND version = ?`, w.Stock-q, sku, w.Version)
+	case GuardFencing:
+		return tx.Exec(`UPDATE inventory SET stock = ?, fence = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
+			WHERE sku = ? AND fence < ?`, w.Stock-q, w.Token, sku, w.Token)
+	case GuardAtomic:
+		return tx.Exec(`UPDATE inventory SET stock = stock - ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
+			WHERE sku = ? AND stock >= ?`, q, sku, q)
+	}
+	tx.AddError(fmt.Errorf("unknown guard %q", w.Guard))
+	return tx
+}
+
+// refused tells a refusing guard from a missing SKU.
+func refused(tx *gorm.DB, w Write) error {
+	var n int64
+	if err := tx.Model(&Inventory{}).Where("sku = ?", w.Order.SKU).Count(&n).Error; err != nil {
+		return err
+	}
+	switch {
+	case n == 0:
+		return ErrUnknownSKU
+	case w.Guard == GuardVersion:
+		return ErrConflict
+	case w.Guard == GuardFencing:
+		return ErrStaleFence
+	case w.Guard == GuardAtomic:
+		return ErrOutOfStock
+	}
+	return fmt.Errorf("guard %q changed no row of an existing SKU", w.Guard)
+}
+
+// Order returns the order with id.
+func (s *Store) Order(ctx context.Context, id string) (Order, error) {
+	return s.takeOrder(ctx, "id = ?", id)
+}
+
+// OrderByKey returns the order placed with an idempotency key.
+func (s *Store) OrderByKey(ctx context.Context, key string) (Order, error) {
+	return s.takeOrder(ctx, "idempotency_key = ?", key)
+}
+
+func (s *Store) takeOrder(ctx context.Context, where string, arg string) (Order, error) {
+	var o Order
+	err := s.db.WithContext(ctx).Take(&o, where, arg).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Order{}, ErrNotFound
+	}
+	return o, err
+}
+
+// Inventory returns the SKU's inventory row.
+func (s *Store) Inventory(ctx context.Context, sku string) (Inventory, error) {
+	var inv Inventory
+	err := s.db.WithContext(ctx).Take(&inv, "sku = ?", sku).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Inventory{}, ErrUnknownSKU
+	}
+	return inv, err
+}
+
+// PutInventory creates the SKU with stock, or resets its stock, bumping the
+// version either way so the cache takes the new entry. The fence is kept:
+// fencing tokens only grow.
+func (s *Store) PutInventory(ctx context.Context, sku string, stock int64) (Inventory, error) {
+	var inv Inventory
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		err := tx.Exec(`INSERT INTO inventory (sku, stock, version, fence, created_at, updated_at)
+			VALUES (?, ?, 1, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
+			ON DUPLICATE KEY UPDATE stock = VALUES(stock), version = version + 1, updated_at = VALUES(updated_at)`,
+			sku, stock).Error
+		if err != nil {
+			return err
+		}
+		return tx.Take(&inv, "sku = ?", sku).Error
+	})
+	if err != nil {
+		return Inventory{}, fmt.Errorf("put inventory %q: %w", sku, err)
+	}
+	return inv, nil
+}
+
+// Audit is what MySQL holds for one SKU, to check the invariants of
+// DESIGN.md after a run.
+type Audit struct {
+	Stock   int64 // current stock
+	Ordered int64 // sum of the quantities of its orders
+	Orders  int64 // number of its orders
+	// DuplicateKeys counts idempotency keys held by more than one order:
+	// the UNIQUE index keeps it 0.
+	DuplicateKeys int64
+}
+
+// Audit returns the SKU's stock and order totals.
+func (s *Store) Audit(ctx context.Context, sku string) (Audit, error) {
+	inv, err := s.Inventory(ctx, sku)
+	if err != nil {
+		return Audit{}, err
+	}
+	a := Audit{Stock: inv.Stock}
+	db := s.db.WithContext(ctx)
+	err = db.Raw("SELECT COUNT(*), COALESCE(SUM(quantity), 0) FROM orders WHERE sku = ?", sku).
+		Row().Scan(&a.Orders, &a.Ordered)
+	if err != nil {
+		return Audit{}, err
+	}
+	err = db.Raw(`SELECT COUNT(*) FROM (SELECT idempotency_key FROM orders
+		WHERE sku = ? AND idempotency_key IS NOT NULL GROUP BY idempotency_key HAVING COUNT(*) > 1) d`, sku).
+		Row().Scan(&a.DuplicateKeys)
+	return a, err
+}
+
+// Heartbeat records that replica r runs with its lock and guard, now (by the
+// database's clock, which every replica shares). The first call inserts the
+// row and sets StartedAt.
+func (s *Store) Heartbeat(ctx context.Context, r Replica) error {
+	return s.db.WithContext(ctx).Exec(heartbeatSQL, r.Instance, r.Lock, r.Guard).Error
+}
+
+// lock is a reserved word in MySQL, hence the backquotes.
+const heartbeatSQL = "INSERT INTO replicas (instance, `lock`, guard, started_at, heartbeat_at) " +
+	"VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) " +
+	"ON DUPLICATE KEY UPDATE `lock` = VALUES(`lock`), guard = VALUES(guard), heartbeat_at = VALUES(heartbeat_at)"
+
+// RemoveReplica deletes a stopping replica's row, so that a restart with
+// other settings is not held against it.
+func (s *Store) RemoveReplica(ctx context.Context, instance string) error {
+	return s.db.WithContext(ctx).Delete(&Replica{}, "instance = ?", instance).Error
+}
+
+// LiveReplicas returns the replicas whose last heartbeat is at most within
+// ago, by the database's clock.
+func (s *Store) LiveReplicas(ctx context.Context, within time.Duration) ([]Replica, error) {
+	var rs []Replica
+	err := s.db.WithContext(ctx).
+		Where("heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND", within.Microseconds()).
+		Order("instance").Find(&rs).Error
+	return rs, err
+}

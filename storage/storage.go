@@ -1,0 +1,195 @@
+// Package storage keeps oversold's state in MySQL (MariaDB) through gorm:
+// the inventory, the orders, and the replicas running against them.
+//
+// Its one interesting method is PlaceOrder: the guarded write of step 6 of
+// the flow. One transaction runs the guard's UPDATE, checks that it changed
+// a row, inserts the order, and reads the new stock and version back for the
+// cache. Everything the guard refuses, and every MySQL error a caller must
+// act on, comes back as one of the sentinel errors below.
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	gormmysql "gorm.io/driver/mysql"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+var (
+	// ErrUnknownSKU: no inventory row for the SKU.
+	ErrUnknownSKU = errors.New("storage: unknown sku")
+	// ErrNotFound: no order with that id or idempotency key.
+	ErrNotFound = errors.New("storage: order not found")
+	// ErrConflict: the version guard found the row changed since it was
+	// read, or MySQL rolled the transaction back to break a deadlock. Either
+	// way nothing was written and the whole flow may be retried.
+	ErrConflict = errors.New("storage: version conflict")
+	// ErrStaleFence: the fencing guard found a write by a newer lock holder.
+	ErrStaleFence = errors.New("storage: stale fencing token")
+	// ErrOutOfStock: the atomic guard found less stock than ordered.
+	ErrOutOfStock = errors.New("storage: out of stock")
+	// ErrDuplicate: an order with the same idempotency key exists; the
+	// transaction was rolled back, stock write included.
+	ErrDuplicate = errors.New("storage: duplicate idempotency key")
+)
+
+// MySQL error numbers the store acts on.
+const (
+	errDupEntry     = 1062
+	errUnknownDB    = 1049
+	errLockDeadlock = 1213
+)
+
+// Pool sizes: an order holds one connection for its whole transaction, and
+// under a hot SKU transactions queue on the row lock, so the pool is sized
+// for the replica's concurrency rather than for CPU count.
+const (
+	maxOpenConns    = 64
+	maxIdleConns    = 64
+	connMaxLifetime = 5 * time.Minute
+)
+
+// migrateLock serialises migrations of replicas starting at the same moment.
+const migrateLock = "oversold_migrate"
+
+// Store is the MySQL side of oversold. It is safe for concurrent use.
+type Store struct {
+	db  *gorm.DB
+	sql *sql.DB
+}
+
+// Open connects to the database in dsn (creating the database if the server
+// does not have it yet), checks that it answers, and migrates the schema.
+// It sets parseTime, loc=UTC and interpolateParams on the DSN: times come
+// back as the time.Time written, and a query costs one round trip instead of
+// three (prepare, execute, close).
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ParseTime = true
+	cfg.InterpolateParams = true
+	cfg.Loc = time.UTC
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second // an unreachable server fails start fast
+	}
+
+	s, err := connect(ctx, cfg)
+	if mysqlErrno(err) == errUnknownDB {
+		if err = createDatabase(ctx, cfg); err == nil {
+			s, err = connect(ctx, cfg)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", MaskDSN(cfg.FormatDSN()), err)
+	}
+	if err := s.migrate(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("migrate %s: %w", cfg.DBName, err)
+	}
+	return s, nil
+}
+
+func connect(ctx context.Context, cfg *mysql.Config) (*Store, error) {
+	db, err := gorm.Open(gormmysql.New(gormmysql.Config{DSNConfig: cfg}), &gorm.Config{
+		Logger:                 logger.Discard,
+		SkipDefaultTransaction: true, // single statements need no transaction of their own
+		// Microseconds, UTC: what datetime(6) keeps, so a time read back
+		// equals the one written.
+		NowFunc: func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, err
+	}
+	sqlDB.SetMaxOpenConns(maxOpenConns)
+	sqlDB.SetMaxIdleConns(maxIdleConns)
+	sqlDB.SetConnMaxLifetime(connMaxLifetime)
+	if err := sqlDB.PingContext(ctx); err != nil {
+		sqlDB.Close()
+		return nil, err
+	}
+	return &Store{db: db, sql: sqlDB}, nil
+}
+
+// createDatabase lets orderd start on a freshly installed server.
+func createDatabase(ctx context.Context, cfg *mysql.Config) error {
+	server := cfg.Clone()
+	server.DBName = ""
+	db, err := sql.Open("mysql", server.FormatDSN())
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	name := "`" + strings.ReplaceAll(cfg.DBName, "`", "``") + "`"
+	_, err = db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+name)
+	return err
+}
+
+// migrate runs AutoMigrate under a MySQL named lock held on one dedicated
+// connection: three replicas starting at once would otherwise race each
+// other's CREATE TABLE and ALTER statements. The lock lives as long as that
+// session, so it is released explicitly before the connection goes back to
+// the pool.
+func (s *Store) migrate(ctx context.Context) error {
+	conn, err := s.sql.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 30)", migrateLock).Scan(&got); err != nil {
+		return err
+	}
+	if got.Int64 != 1 {
+		return fmt.Errorf("another replica held the %s lock for 30s", migrateLock)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", migrateLock)
+	return s.db.WithContext(ctx).AutoMigrate(&Inventory{}, &Order{}, &Replica{})
+}
+
+// Close closes the connection pool.
+func (s *Store) Close() error { return s.sql.Close() }
+
+// Ping checks that MySQL answers.
+func (s *Store) Ping(ctx context.Context) error { return s.sql.PingContext(ctx) }
+
+// mysqlErrno returns the MySQL error number inside err, or 0.
+func mysqlErrno(err error) uint16 {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
+
+// MaskDSN returns dsn with its password replaced by ***, for logs and
+// messages. It follows the driver's grammar
+// [user[:password]@][net[(addr)]]/dbname[?params]: the password ends at the
+// last '@' before the last '/'.
+func MaskDSN(dsn string) string {
+	slash := strings.LastIndexByte(dsn, '/')
+	if slash < 0 {
+		slash = len(dsn)
+	}
+	at := strings.LastIndexByte(dsn[:slash], '@')
+	if at < 0 {
+		return dsn
+	}
+	colon := strings.IndexByte(dsn[:at], ':')
+	if colon < 0 {
+		return dsn
+	}
+	return dsn[:colon+1] + "***" + dsn[at:]
+}
