@@ -1,0 +1,214 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/oversold-lab/oversold/loadtest"
+	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// config is the lab's command line, validated.
+type config struct {
+	backends, guards []string // the matrix, or the default experiment when neither was given
+	replicas         int
+	stock            int
+	requests         int
+	rate             int
+	workers          int
+	workDelay        time.Duration
+	skus             int
+	lockTTL          time.Duration
+	servers          servers // given by address; the rest are started
+	target           string  // replicas already running behind this URL
+	orderd           string  // a prebuilt orderd; "" builds ./cmd/orderd
+	keep             bool
+	out              string
+	json             bool
+	seed             int64
+}
+
+// usageError is a bad command line: exit status 2, one line naming the flag.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func badFlag(name, format string, args ...any) error {
+	return usageError{fmt.Sprintf("--%s: %s", name, fmt.Sprintf(format, args...))}
+}
+
+const usageText = `Usage: lab [flags]
+
+Runs the oversell experiment: private real servers, orderd replicas behind a
+round-robin balancer, a fixed load on hot SKUs, then the invariants read from
+MySQL. With no flags: every lock backend with guard none, and lock none with
+guards version and atomic as references. Progress and the table go to
+stderr; the report to --out.
+
+Flags:
+`
+
+const serversHelp = `servers to use instead of starting them, as kind=address items
+separated by commas (repeatable; lists inside an item separated by ';'):
+  mysql=DSN            go-sql-driver DSN of the oversold database
+  redis=host:port      stock cache and redis lock (any OVERSOLD_REDIS_ADDR form)
+  redlock=h:p;h:p;h:p  independent Redis masters
+  zk=h:p;...           ZooKeeper servers
+  etcd=http://h:p;...  etcd endpoints
+kinds not given are started privately when a run needs them`
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	c := config{}
+	fs := flag.NewFlagSet("lab", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported in one line by the caller
+	var backendList, guardList string
+	fs.StringVar(&backendList, "backends", "", "comma-separated lock backends: none,"+strings.Join(backends.Names, ",")+
+		"\n(default: all of them with guard none, plus none with guards version and atomic)")
+	fs.StringVar(&guardList, "guards", "", "comma-separated guards, crossed with --backends: "+strings.Join(guardNames(), ",")+" (default none)")
+	fs.IntVar(&c.replicas, "replicas", 3, "orderd replicas behind the balancer")
+	fs.IntVar(&c.stock, "stock", 100, "initial stock per SKU")
+	fs.IntVar(&c.requests, "requests", 600, "orders sent per run (more than the stock, so it runs out)")
+	fs.IntVar(&c.rate, "rate", 1000, "orders per second offered; above what a lock sustains here, so req/s measures capacity")
+	fs.IntVar(&c.workers, "workers", 64, "orders in flight at most")
+	fs.DurationVar(&c.workDelay, "work-delay", 2*time.Millisecond, "simulated work inside the critical section (OVERSOLD_WORK_DELAY)")
+	fs.IntVar(&c.skus, "skus", 1, "hot SKUs, ordered round-robin")
+	fs.DurationVar(&c.lockTTL, "lock-ttl", 2*time.Second, "lease time to live (OVERSOLD_LOCK_TTL)")
+	fs.Var(&c.servers, "servers", serversHelp)
+	fs.StringVar(&c.target, "target", "", "base URL of replicas already running behind a balancer (the compose demo):\n"+
+		"starts none and runs one configuration; the admin token comes from OVERSOLD_ADMIN_TOKEN")
+	fs.StringVar(&c.orderd, "orderd", "", "orderd binary to run (default: go build ./cmd/orderd)")
+	fs.BoolVar(&c.keep, "keep", false, "leave the started servers running and print their addresses")
+	fs.StringVar(&c.out, "out", "lab-report", "report folder")
+	fs.BoolVar(&c.json, "json", false, "print the results array on stdout, and nothing else there")
+	fs.Int64Var(&c.seed, "seed", 1, "seed for the lab's random choices (fault timing)")
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stderr, usageText)
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+			return c, err
+		}
+		return c, usageError{err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return c, usageError{fmt.Sprintf("unexpected argument %q (the lab takes flags only)", fs.Arg(0))}
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+
+	var err error
+	if c.backends, err = list("backends", backendList, given["backends"], append([]string{"none"}, backends.Names...)); err != nil {
+		return c, err
+	}
+	if c.guards, err = list("guards", guardList, given["guards"], guardNames()); err != nil {
+		return c, err
+	}
+	switch {
+	case !given["backends"] && !given["guards"]:
+		// the default experiment: see specs
+	case !given["backends"]:
+		c.backends = slices.Clone(backends.Names)
+	case !given["guards"]:
+		c.guards = []string{"none"}
+	}
+
+	for _, n := range []struct {
+		name string
+		v    int
+		min  int
+	}{{"replicas", c.replicas, 1}, {"stock", c.stock, 1}, {"requests", c.requests, 1},
+		{"rate", c.rate, 1}, {"workers", c.workers, 1}, {"skus", c.skus, 1}} {
+		if n.v < n.min {
+			return c, badFlag(n.name, "must be at least %d, got %d", n.min, n.v)
+		}
+	}
+	if c.replicas > 32 {
+		return c, badFlag("replicas", "at most 32, got %d", c.replicas)
+	}
+	if c.workDelay < 0 {
+		return c, badFlag("work-delay", "must not be negative, got %s", c.workDelay)
+	}
+	if c.lockTTL <= 0 {
+		return c, badFlag("lock-ttl", "must be positive, got %s", c.lockTTL)
+	}
+	if c.out == "" {
+		return c, badFlag("out", "must name a folder")
+	}
+	if c.target != "" {
+		u, err := url.Parse(c.target)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return c, badFlag("target", "want a base URL such as http://127.0.0.1:8080, got %q", c.target)
+		}
+		c.target = strings.TrimSuffix(c.target, "/")
+		if len(c.backends) != 1 || len(c.guards) != 1 {
+			return c, badFlag("target", "runs the one configuration the replicas have: give one --backends and one --guards")
+		}
+		if c.orderd != "" {
+			return c, badFlag("orderd", "not used with --target, whose replicas already run")
+		}
+	}
+	return c, nil
+}
+
+// list splits a comma-separated flag value and checks each item.
+func list(name, value string, given bool, known []string) ([]string, error) {
+	if !given {
+		return nil, nil
+	}
+	var out []string
+	for _, item := range strings.Split(value, ",") {
+		item = strings.TrimSpace(item)
+		switch {
+		case item == "":
+			return nil, badFlag(name, "empty item in %q", value)
+		case !slices.Contains(known, item):
+			return nil, badFlag(name, "unknown %q (want %s)", item, strings.Join(known, ", "))
+		case !slices.Contains(out, item):
+			out = append(out, item)
+		}
+	}
+	return out, nil
+}
+
+func guardNames() []string {
+	out := make([]string, len(storage.Guards))
+	for i, g := range storage.Guards {
+		out[i] = string(g)
+	}
+	return out
+}
+
+// specs is the experiment the flags ask for, in run order.
+func (c config) specs() []loadtest.Spec {
+	type pair struct{ backend, guard string }
+	var pairs []pair
+	if c.backends == nil && c.guards == nil {
+		for _, b := range backends.Names {
+			pairs = append(pairs, pair{b, "none"})
+		}
+		pairs = append(pairs, pair{"none", "version"}, pair{"none", "atomic"})
+	} else {
+		for _, b := range c.backends {
+			for _, g := range c.guards {
+				pairs = append(pairs, pair{b, g})
+			}
+		}
+	}
+	specs := make([]loadtest.Spec, len(pairs))
+	for i, p := range pairs {
+		specs[i] = loadtest.Spec{
+			Backend: p.backend, Guard: p.guard, Replicas: c.replicas,
+			Stock: c.stock, SKUs: c.skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
+			WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: c.seed,
+		}
+	}
+	return specs
+}

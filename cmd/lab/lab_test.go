@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/loadtest"
+)
+
+// needServers skips the test when MariaDB or Redis is not installed, or
+// fails it when OVERSOLD_REQUIRE_SERVERS=1 (make test, CI).
+func needServers(t *testing.T) {
+	t.Helper()
+	for _, kind := range []string{testbed.KindMariaDB, testbed.KindRedis} {
+		if cmd := testbed.Missing(kind); cmd != "" {
+			if os.Getenv(testbed.EnvRequireServers) == "1" {
+				t.Fatalf("%s is not installed: %s", kind, cmd)
+			}
+			t.Skipf("%s is not installed: %s", kind, cmd)
+		}
+	}
+}
+
+// TestLabEndToEnd runs the lab as `make lab` does, in a small configuration:
+// real MariaDB and Redis, the real orderd binary as three OS processes, the
+// balancer, vegeta, the checker. Every run whose lock or guard is meant to
+// be safe must sell exactly the stock and keep every invariant; the unsafe
+// ones (local or no lock, guard none) are only reported: a short run may or
+// may not catch the race.
+func TestLabEndToEnd(t *testing.T) {
+	needServers(t)
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{
+		"--backends", "none,local,redis", "--guards", "none,atomic",
+		"--stock", "20", "--requests", "120", "--rate", "200", "--workers", "32",
+		"--out", out, "--json",
+	}, &stdout, &stderr)
+	t.Logf("stderr:\n%s", stderr.String())
+	if code != exitRan {
+		t.Fatalf("exit %d, want %d", code, exitRan)
+	}
+
+	// stdout holds the results array and nothing else.
+	var fromStdout []loadtest.Result
+	if err := json.Unmarshal(stdout.Bytes(), &fromStdout); err != nil {
+		t.Fatalf("stdout is not the results array: %v\n%s", err, stdout.String())
+	}
+	f, err := os.Open(filepath.Join(out, loadtest.ResultsJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	results, err := loadtest.ReadJSON(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 6 || len(fromStdout) != len(results) {
+		t.Fatalf("%d runs in results.json, %d on stdout; want 6", len(results), len(fromStdout))
+	}
+	for _, name := range []string{loadtest.ResultsMD, loadtest.ReportHTML} {
+		if _, err := os.Stat(filepath.Join(out, name)); err != nil {
+			t.Error(err)
+		}
+	}
+
+	safe := map[string]bool{"none/atomic": true, "local/atomic": true, "redis/none": true, "redis/atomic": true}
+	for _, r := range results {
+		t.Logf("%-13s %s sold %d/%d oversold %d lost updates %d lost acks %d dup %d, %.0f req/s p99 %.1f ms: %s",
+			r.Name(), statusLine(r), r.OrderedQuantity, r.InitialStock, r.Oversold, r.LostUpdates,
+			r.LostAcks, r.Duplicates, r.ThroughputRPS, r.LatencyMS.P99, r.Verdict())
+		if r.Error != "" {
+			t.Errorf("%s could not run: %s", r.Name(), r.Error)
+			continue
+		}
+		if r.Replicas != 3 || r.Requests != 120 || r.InitialStock != 20 || answered(r) != 120 {
+			t.Errorf("%s: replicas %d, requests %d, initial stock %d, answered %d", r.Name(), r.Replicas, r.Requests, r.InitialStock, answered(r))
+		}
+		if r.LostAcks != 0 || r.Duplicates != 0 {
+			t.Errorf("%s: lost acks %d, duplicates %d: no combination may lose an acknowledged order or duplicate a key",
+				r.Name(), r.LostAcks, r.Duplicates)
+		}
+		if !safe[r.Name()] {
+			continue
+		}
+		if !r.Safe || r.OrderedQuantity != 20 || r.FinalStock != 0 || r.Oversold != 0 || r.LostUpdates != 0 || r.Status["201"] != 20 {
+			t.Errorf("%s must sell exactly the stock: sold %d, final %d, oversold %d, lost updates %d, 201s %d",
+				r.Name(), r.OrderedQuantity, r.FinalStock, r.Oversold, r.LostUpdates, r.Status["201"])
+		}
+	}
+}
+
+func answered(r loadtest.Result) int {
+	n := r.NoResponse
+	for _, c := range r.Status {
+		n += c
+	}
+	return n
+}
+
+// statusLine mirrors the table's answers column for the log.
+func statusLine(r loadtest.Result) string {
+	b, _ := json.Marshal(r.Status)
+	return strings.Trim(string(b), "{}")
+}
+
+// TestLabCouldNotRun: when no run can be made (here orderd exits at once),
+// the lab still writes its report, naming the failure, and exits 1.
+func TestLabCouldNotRun(t *testing.T) {
+	needServers(t)
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"--backends", "local", "--orderd", "/bin/false", "--out", out, "--json"}, &stdout, &stderr)
+	if code != exitCouldNotRun {
+		t.Fatalf("exit %d, want %d; stderr:\n%s", code, exitCouldNotRun, stderr.String())
+	}
+	var results []loadtest.Result
+	if err := json.Unmarshal(stdout.Bytes(), &results); err != nil || len(results) != 1 {
+		t.Fatalf("stdout %q: %v", stdout.String(), err)
+	}
+	if !strings.Contains(results[0].Error, "exited at start") || results[0].Safe {
+		t.Errorf("error %q, safe %v", results[0].Error, results[0].Safe)
+	}
+	if !strings.Contains(stderr.String(), "no run could be made") {
+		t.Errorf("stderr does not say why:\n%s", stderr.String())
+	}
+}

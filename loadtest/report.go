@@ -1,0 +1,152 @@
+package loadtest
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Report is everything a lab writes to its report folder.
+type Report struct {
+	Results []Result
+	Machine Machine
+	Command string    // how the lab was invoked
+	Started time.Time // when it began
+	Wall    time.Duration
+}
+
+// Files in the report folder.
+const (
+	ResultsJSON = "results.json"
+	ResultsMD   = "results.md"
+	ReportHTML  = "report.html"
+)
+
+// WriteReport writes results.json, results.md and report.html to dir.
+func WriteReport(dir string, rep Report) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	rep.Wall = rep.Wall.Round(100 * time.Millisecond)
+	var js, md, page bytes.Buffer
+	if err := WriteJSON(&js, rep.Results); err != nil {
+		return err
+	}
+	writeMarkdown(&md, rep)
+	if err := writeHTML(&page, rep); err != nil {
+		return err
+	}
+	for name, b := range map[string][]byte{ResultsJSON: js.Bytes(), ResultsMD: md.Bytes(), ReportHTML: page.Bytes()} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			return fmt.Errorf("report: %w", err)
+		}
+	}
+	return nil
+}
+
+// WriteJSON writes results as DESIGN.md's list of runs, indented. An empty
+// list is [], never null.
+func WriteJSON(w io.Writer, results []Result) error {
+	if results == nil {
+		results = []Result{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(results); err != nil {
+		return fmt.Errorf("results json: %w", err)
+	}
+	return nil
+}
+
+// ReadJSON reads what WriteJSON wrote.
+func ReadJSON(r io.Reader) ([]Result, error) {
+	var results []Result
+	if err := json.NewDecoder(r).Decode(&results); err != nil {
+		return nil, fmt.Errorf("results json: %w", err)
+	}
+	return results, nil
+}
+
+func writeMarkdown(w io.Writer, rep Report) {
+	fmt.Fprintf(w, "# oversold lab results\n\n")
+	fmt.Fprintf(w, "`%s`, %s, %s wall time.\n\n", rep.Command, rep.Started.Format("2006-01-02 15:04 MST"), rep.Wall)
+	fmt.Fprintf(w, "Machine: %s.\n\n", rep.Machine)
+	writeMarkdownTable(w, rep.Results)
+	fmt.Fprintf(w, "\n%s\n", definitions)
+	for _, r := range rep.Results {
+		if r.Error == "" && len(r.Notes) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n**%s**\n\n", r.Name())
+		if r.Error != "" {
+			fmt.Fprintf(w, "- could not run: %s\n", r.Error)
+		}
+		for _, n := range r.Notes {
+			fmt.Fprintf(w, "- %s\n", n)
+		}
+	}
+}
+
+// definitions says what every column means; results.md and report.html
+// carry it.
+const definitions = `How to read it: each run is fresh orderd replicas behind a round-robin balancer, with its own SKU(s) reset through the admin API, then a fixed number of orders of quantity 1 at a fixed rate, more than the stock.
+*answers* counts HTTP statuses (none = no answer). *sold* is the ordered quantity MySQL holds; *final* the stock it holds.
+*oversold* = max(0, sold - stock); *lost upd* = |stock - final - sold|, a decrement lost to a concurrent write; *lost acks* = orders answered 201 that MySQL does not hold; *dup* = Idempotency-Keys with more than one order.
+*req/s* = requests answered (any status) per second, from the first request sent to the last answer: it cannot exceed the offered rate, and is below it when the service fell behind. Latencies are client-side over every answered request (nearest rank). *lock wait* comes from the replicas' own histograms, merged: the mean is exact, the p99 interpolated within buckets that grow about 2x each. *conflicts* are writes the guard refused.`
+
+//go:embed report.html.tmpl
+var reportTemplate string
+
+var reportPage = template.Must(template.New("report").Parse(reportTemplate))
+
+func writeHTML(w io.Writer, rep Report) error {
+	labels := make([]string, len(rep.Results))
+	oversold := series{name: "oversold", color: "#dc2626"}
+	lost := series{name: "lost updates", color: "#d97706"}
+	rps := series{name: "requests answered/s", color: "#2563eb"}
+	p50 := series{name: "p50", color: "#2563eb"}
+	p99 := series{name: "p99", color: "#7c3aed"}
+	var lines []line
+	for i, r := range rep.Results {
+		labels[i] = r.Name()
+		oversold.values = append(oversold.values, float64(r.Oversold))
+		lost.values = append(lost.values, float64(r.LostUpdates))
+		rps.values = append(rps.values, r.ThroughputRPS)
+		p50.values = append(p50.values, r.LatencyMS.P50)
+		p99.values = append(p99.values, r.LatencyMS.P99)
+		l := line{name: r.Name(), color: palette[i%len(palette)]}
+		for _, s := range r.OverTime {
+			l.xs, l.ys = append(l.xs, s.At), append(l.ys, s.P99)
+		}
+		if len(l.xs) > 0 {
+			lines = append(lines, l)
+		}
+	}
+	heads := make([]string, len(columns))
+	for i, c := range columns {
+		heads[i] = c.head
+	}
+	rows := make([][]string, len(rep.Results))
+	for i, r := range rep.Results {
+		rows[i] = cells(r)
+	}
+	return reportPage.Execute(w, map[string]any{
+		"Report":      rep,
+		"Definitions": strings.ReplaceAll(definitions, "*", ""),
+		"Charts": []template.HTML{
+			barChart("Oversold and lost updates per run (should be 0)", "units", labels, []series{oversold, lost}),
+			barChart("Throughput per run: requests answered per second (at most the offered rate)", "per second", labels, []series{rps}),
+			barChart("Client latency per run", "ms", labels, []series{p50, p99}),
+			lineChart("p99 latency over time, by when requests were sent", "seconds", "ms", lines),
+		},
+		"Heads": heads,
+		"Rows":  rows,
+	})
+}

@@ -1,0 +1,124 @@
+package loadtest
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Result is one run of the lab: what was asked, what the client saw, what
+// MySQL holds afterwards. Its JSON is the run schema of DESIGN.md; the fields
+// after LatencyMS are additions, never renames.
+type Result struct {
+	Backend         string         `json:"backend"`
+	Guard           string         `json:"guard"`
+	Replicas        int            `json:"replicas"`
+	Fault           string         `json:"fault"`
+	Requests        int            `json:"requests"`
+	Status          map[string]int `json:"status"` // HTTP status code -> answers
+	InitialStock    int            `json:"initial_stock"`
+	FinalStock      int            `json:"final_stock"`
+	OrderedQuantity int            `json:"ordered_quantity"`
+	Oversold        int            `json:"oversold"`
+	LostUpdates     int            `json:"lost_updates"`
+	LostAcks        int            `json:"lost_acks"`
+	Duplicates      int            `json:"duplicates"`
+	ThroughputRPS   float64        `json:"throughput_rps"`
+	LatencyMS       Latency        `json:"latency_ms"`
+
+	// Additions.
+
+	SKUs        int      `json:"skus"`
+	Rate        int      `json:"rate"`    // requests per second offered
+	Workers     int      `json:"workers"` // concurrent client connections at most
+	WorkDelay   string   `json:"work_delay"`
+	LockTTL     string   `json:"lock_ttl"`
+	Seed        int64    `json:"seed"`
+	NoResponse  int      `json:"no_response"` // requests that got no HTTP answer (timeout, refused)
+	DurationS   float64  `json:"duration_s"`  // first request sent to last answer received
+	OrdersRPS   float64  `json:"orders_rps"`  // 201s per second over the same span
+	LockWaitMS  *Wait    `json:"lock_wait_ms,omitempty"`
+	LockHoldMS  *Wait    `json:"lock_hold_ms,omitempty"`
+	Conflicts   int      `json:"guard_conflicts"`
+	LeasesLost  int      `json:"leases_lost"`
+	Safe        bool     `json:"safe"`            // ran, and every invariant held
+	Error       string   `json:"error,omitempty"` // the run could not be made
+	Notes       []string `json:"notes,omitempty"` // what else the lab saw: crashes, transport errors, lost ids
+	Phases      Phases   `json:"phases_s"`
+	OverTime    []Slice  `json:"latency_over_time,omitempty"`
+	ReplicaLogs string   `json:"replica_logs,omitempty"` // folder of the replicas' stderr
+}
+
+// Phases is how long each step of a run took, in seconds of wall time.
+type Phases struct {
+	Start float64 `json:"start"` // replicas started and ready
+	Reset float64 `json:"reset"` // stock and cache reset
+	Load  float64 `json:"load"`  // the attack (and fault)
+	Stop  float64 `json:"stop"`  // replicas stopped (metrics scraped before)
+	Check float64 `json:"check"` // invariants read from MySQL
+}
+
+// Latency holds client-side latency percentiles in milliseconds over every
+// answered request, whatever its status.
+type Latency struct {
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+// Wait summarises a replica-side histogram (lock wait or hold) in
+// milliseconds, merged over all replicas. P50 and P99 are interpolated within
+// histogram buckets, as Prometheus' histogram_quantile does.
+type Wait struct {
+	Count int64   `json:"count"`
+	Mean  float64 `json:"mean"`
+	P50   float64 `json:"p50"`
+	P99   float64 `json:"p99"`
+}
+
+// Slice is one time slice of an attack, by the time requests were sent.
+type Slice struct {
+	At       float64 `json:"t_s"` // slice start, seconds after the first request
+	Requests int     `json:"requests"`
+	Created  int     `json:"created"` // of which answered 201
+	P50      float64 `json:"p50"`
+	P99      float64 `json:"p99"`
+}
+
+// Name is the run's label: "redis/none", "none/atomic", with the fault if any.
+func (r Result) Name() string {
+	name := r.Backend + "/" + r.Guard
+	if r.Fault != "" {
+		name += "+" + r.Fault
+	}
+	return name
+}
+
+// Verdict says in words what the invariants found.
+func (r Result) Verdict() string {
+	if r.Error != "" {
+		return "FAILED: " + firstLine(r.Error)
+	}
+	var bad []string
+	if r.Oversold > 0 {
+		bad = append(bad, fmt.Sprintf("OVERSOLD %d", r.Oversold))
+	}
+	if r.LostUpdates > 0 {
+		bad = append(bad, fmt.Sprintf("%d LOST UPDATES", r.LostUpdates))
+	}
+	if r.LostAcks > 0 {
+		bad = append(bad, fmt.Sprintf("%d LOST ACKS", r.LostAcks))
+	}
+	if r.Duplicates > 0 {
+		bad = append(bad, fmt.Sprintf("%d DUPLICATES", r.Duplicates))
+	}
+	if len(bad) == 0 {
+		return "safe"
+	}
+	return strings.Join(bad, ", ")
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
