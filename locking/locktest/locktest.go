@@ -81,8 +81,8 @@ func Main(m *testing.M) {
 func Run(t *testing.T, b Backend) {
 	t.Helper()
 	// Goroutines alive now (servers, shared clients) are not the backend's.
-	before := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	ignore := append(testbed.GoleakOptions(), goleak.IgnoreCurrent())
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore...) })
 	prefix := testbed.Prefix(t)
 
 	t.Run("MutualExclusionGoroutines", func(t *testing.T) {
