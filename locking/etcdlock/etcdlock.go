@@ -1,0 +1,680 @@
+// Package etcdlock is an etcd lock: keys bound to a lease, served in the
+// order of their create revisions, each waiter watching only its
+// predecessor (the recipe of etcd's client/v3/concurrency Mutex).
+//
+// # How it works
+//
+// A Locker keeps one session: an etcd lease that it renews itself. Acquire
+// puts a key <Prefix>/<key>/<lease hex>-<n hex> bound to that lease, where
+// n counts the Locker's acquisitions, so every acquisition has a key of its
+// own (concurrency's Mutex reuses one key per session, which makes two
+// goroutines on one session share the lock). The key with the lowest create
+// revision under <Prefix>/<key>/ holds the lock; any other waits for the
+// deletion of the last key created before its own, so a release wakes one
+// waiter (no herd). The uncontended path is one transaction: put our key
+// and read the first key in the queue. A waiter's watch starts at the
+// current revision and is then checked against the key: etcd serves a watch
+// that starts in the past only every 100 ms, which would slow each handoff
+// (the concurrency recipe's watch does start in the past).
+//
+//   - Release is fenced by ownership: a transaction
+//     If(CreateRevision(myKey) == myRev).Then(Delete(myKey)). With per-
+//     acquisition keys and the fence, a release retried after a lost reply
+//     can never delete a newer holder's key (etcd issue 22082).
+//   - The create is idempotent: If(CreateRevision(myKey) == 0).Then(put)
+//     .Else(get), so a retry after a lost reply finds the key it made.
+//   - Nothing left behind: a wait ended by ctx or a failure deletes its own
+//     key. Cleanup never uses the caller's ctx: it runs in the background
+//     with fresh bounded contexts, until done, the session ends, or Close,
+//     and the caller waits for it a bounded time. A failed Release goes on
+//     deleting in the background the same way, since a key left behind
+//     would hold the lock for as long as the session lives.
+//
+// # Lease lifetime and Lost
+//
+// The session lease's TTL is Config.TTL rounded up to whole seconds, at
+// least 1. etcd raises it to its minimum, 1.5 election timeouts rounded up
+// (2 s with default settings); the Locker uses the TTL the server granted.
+// A process that dies frees its locks when the lease expires, one TTL after
+// its last renewal.
+//
+// The concurrency package's Session renews through the client's KeepAlive
+// stream, whose Done fires only once the client has given up, well after
+// the lease may have expired on the server. We renew with KeepAliveOnce
+// every TTL/3 through the shared locking.Keepalive instead, which knows when
+// each renewal was sent: the server's expiry is at least that send time
+// plus the TTL, so Lost closes when the send time of the last successful
+// renewal plus the TTL minus a drift margin has passed, before the server
+// can hand the key to anyone else. A renewal answered "lease not found"
+// loses the session at once.
+//
+// Lost also closes when the lease's key is deleted behind its back (a watch
+// on our own key), and when the session is lost. All leases of a Locker
+// share its session, so one lost renewal loses them all; the next Acquire
+// grants a new session. One session per Locker keeps Acquire at one round
+// trip; a session per lease would add a grant and a revoke to each. So
+// Release stops the lease's own watch, not the session's renewal, which
+// serves the other leases and cannot bring a deleted key back.
+//
+// # Token
+//
+// Token is our key's create revision. Revisions grow with every write to
+// the cluster, and the queue is served in create-revision order, so each
+// later holder has a larger one: a safe fencing token.
+//
+// # Failure modes
+//
+// A holder paused past the TTL loses its lease; Lost closes only when it
+// runs again, so a write it was about to make must be fenced by the token.
+// Jepsen (etcd 3.4.3) showed that etcd locks alone cannot guarantee mutual
+// exclusion for this reason: the token is what makes them safe.
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/oversold-lab/oversold/locking"
+)
+
+var _ locking.Locker = (*Locker)(nil)
+
+const (
+	// DefaultPrefix is the parent of every key's queue when Config.Prefix is "".
+	DefaultPrefix = "/oversold/locks"
+	// DefaultTTL is the session lease's TTL when Config.TTL is 0.
+	DefaultTTL = 10 * time.Second
+
+	// cleanupWait bounds how long Acquire and Release wait for their cleanup;
+	// what is left goes on in the background until done or Close.
+	cleanupWait = 5 * time.Second
+	// tries bounds every retry loop that does not end with a ctx.
+	tries = 5
+	// cleanupTries bounds a background delete.
+	cleanupTries = 20
+)
+
+// Config tunes a Locker. Zero values mean the documented defaults.
+type Config struct {
+	// TTL is the session lease's time to live, rounded up to whole seconds;
+	// 0 = DefaultTTL. The server may raise it to its minimum.
+	TTL time.Duration
+	// Prefix is the key under which each lock key gets its queue. "" =
+	// DefaultPrefix.
+	Prefix string
+	// OnRenewalFailed, if set, hears every failed renewal of the session
+	// lease (metrics). The key is "": one renewal serves every key.
+	OnRenewalFailed func(key string, err error)
+}
+
+var (
+	// errRequeue: our key is gone while we queued (its session ended, or
+	// someone deleted it). Acquire queues again, on a new session if needed.
+	errRequeue = errors.New("etcdlock: our queue key vanished")
+	errClosed  = fmt.Errorf("etcdlock: locker closed: %w", locking.ErrUnavailable)
+)
+
+// Locker hands out leases on one etcd session. It is safe for concurrent use.
+type Locker struct {
+	cli *clientv3.Client
+	cfg Config
+	seq atomic.Uint64 // numbers this Locker's acquisitions
+
+	grant chan struct{} // one grant of a new session at a time
+
+	ctx  context.Context // cancelled by Close
+	stop context.CancelFunc
+	done <-chan struct{} // ctx.Done()
+
+	mu     sync.Mutex
+	sess   *session
+	closed bool
+	bg     sync.WaitGroup // watchers and cleanups under way
+}
+
+// session is one etcd lease, renewed by a locking.Keepalive.
+type session struct {
+	id     clientv3.LeaseID
+	ttl    time.Duration // as granted
+	ka     *locking.Keepalive
+	ctx    context.Context // done once the session is lost or closed
+	cancel context.CancelFunc
+}
+
+// alive reports whether the session can still be trusted.
+func (s *session) alive() bool {
+	select {
+	case <-s.ka.Lost():
+		return false
+	default:
+		return s.ctx.Err() == nil
+	}
+}
+
+// New grants the first session within ctx: that is also the check that etcd
+// answers. The Locker uses cli but does not close it.
+func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Locker, error) {
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	l := &Locker{cli: cli, cfg: cfg, grant: make(chan struct{}, 1)}
+	l.ctx, l.stop = context.WithCancel(context.Background())
+	l.done = l.ctx.Done()
+	if _, err := l.session(ctx); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("etcdlock: %w", err)
+	}
+	return l, nil
+}
+
+// Close revokes the session, which deletes every key it holds; held leases
+// are lost. It waits for the Locker's goroutines.
+func (l *Locker) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	sess := l.sess
+	l.stop() // lease watchers mark their leases lost and end
+	l.mu.Unlock()
+
+	var err error
+	if sess != nil {
+		sess.ka.Stop()
+		select {
+		case <-sess.ka.Lost(): // lost before: nothing to revoke
+		default:
+			sess.ka.MarkLost()
+			ctx, cancel := context.WithTimeout(context.Background(), sess.ttl)
+			if _, rerr := l.cli.Revoke(ctx, sess.id); rerr != nil && !errors.Is(rerr, rpctypes.ErrLeaseNotFound) {
+				err = fmt.Errorf("etcdlock: close: revoke: %w", rerr)
+			}
+			cancel()
+		}
+	}
+	l.bg.Wait()
+	return err
+}
+
+// session returns the live session, granting a new one if the last was lost.
+func (l *Locker) session(ctx context.Context) (*session, error) {
+	select {
+	case l.grant <- struct{}{}:
+		defer func() { <-l.grant }()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	l.mu.Lock()
+	closed, cur := l.closed, l.sess
+	l.mu.Unlock()
+	if closed {
+		return nil, errClosed
+	}
+	if cur != nil && cur.alive() {
+		return cur, nil
+	}
+
+	secs := max(int64((l.cfg.TTL+time.Second-1)/time.Second), 1)
+	// The client retries an unreachable server until ctx ends: bound it.
+	gctx, cancel := context.WithTimeout(ctx, max(l.cfg.TTL, 5*time.Second))
+	defer cancel()
+	sent := time.Now()
+	resp, err := l.cli.Grant(gctx, secs)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: grant lease: %w", locking.ErrUnavailable, err)
+	}
+	s := &session{id: resp.ID, ttl: time.Duration(resp.TTL) * time.Second}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	var onFail func(error)
+	if f := l.cfg.OnRenewalFailed; f != nil {
+		onFail = func(err error) { f("", err) }
+	}
+	s.ka = locking.StartKeepalive(s.ttl, sent, func(ctx context.Context) error {
+		_, err := l.cli.KeepAliveOnce(ctx, s.id)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return locking.ErrNotHeld
+		}
+		return err
+	}, onFail)
+	if !l.spawn(func() { l.watchSession(s) }) { // closed meanwhile
+		s.ka.Stop()
+		l.cli.Revoke(gctx, s.id)
+		return nil, errClosed
+	}
+	l.mu.Lock()
+	l.sess = s
+	l.mu.Unlock()
+	return s, nil
+}
+
+// watchSession ends s once its keepalive says it is lost, and revokes the
+// lease in case the server still has it, so its keys go now, not in a TTL.
+func (l *Locker) watchSession(s *session) {
+	select {
+	case <-s.ka.Lost():
+		s.cancel() // first: the leases' Lost must not wait for the revoke
+	case <-l.done:
+		s.cancel()
+		return // Close revokes
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
+	defer cancel()
+	l.cli.Revoke(ctx, s.id)
+}
+
+// Acquire queues for key and waits for its turn, ctx, or a failure.
+func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error) {
+	if key == "" {
+		return nil, errors.New(`acquire "": empty key`)
+	}
+	pfx := l.cfg.Prefix + "/" + url.PathEscape(key) + "/"
+	var err error
+	for range tries {
+		var s *lease
+		if s, err = l.acquire(ctx, key, pfx); err == nil {
+			return s, nil
+		}
+		if !errors.Is(err, errRequeue) || ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("acquire %q: %w", key, err)
+}
+
+func (l *Locker) acquire(ctx context.Context, key, pfx string) (*lease, error) {
+	sess, err := l.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	me := fmt.Sprintf("%s%x-%x", pfx, sess.id, l.seq.Add(1))
+	q, err := l.enqueue(ctx, sess, pfx, me)
+	if err != nil {
+		return nil, err
+	}
+	s, err := l.wait(ctx, sess, key, pfx, me, q)
+	if err != nil {
+		l.cleanup(func() { l.remove(ctx, sess, me, q.rev) })
+	}
+	return s, err
+}
+
+// queued is our place in the queue.
+type queued struct {
+	rev   int64 // our key's create revision
+	first bool  // ours is the oldest key: we hold the lock
+	seen  int64 // the revision at which that was read
+}
+
+// enqueue puts our key and reads the head of the queue in one transaction.
+// The transaction is never abandoned halfway, since it may still land on the
+// server: it runs with its own bounded context, and when ctx ends first, the
+// cleanup waits for it and deletes what it made.
+func (l *Locker) enqueue(ctx context.Context, sess *session, pfx, me string) (queued, error) {
+	type result struct {
+		q   queued
+		err error
+	}
+	res := make(chan result, 1)
+	if !l.spawn(func() {
+		q, err := l.create(context.WithoutCancel(ctx), sess, pfx, me)
+		res <- result{q, err}
+	}) {
+		return queued{}, errClosed
+	}
+	select {
+	case r := <-res:
+		if r.err != nil {
+			l.cleanup(func() { l.remove(ctx, sess, me, 0) })
+		}
+		return r.q, r.err
+	case <-ctx.Done():
+		l.cleanup(func() {
+			r := <-res
+			l.remove(ctx, sess, me, r.q.rev)
+		})
+		return queued{}, ctx.Err()
+	}
+}
+
+// create runs the idempotent create transaction, retrying when its outcome
+// is unknown, within the session's TTL.
+func (l *Locker) create(ctx context.Context, sess *session, pfx, me string) (queued, error) {
+	ctx, cancel := context.WithTimeout(ctx, sess.ttl)
+	defer cancel()
+	defer context.AfterFunc(l.ctx, cancel)()
+	head := clientv3.OpGet(pfx, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)
+	var err error
+	for try := range tries {
+		var resp *clientv3.TxnResponse
+		resp, err = l.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(me), "=", 0)).
+			Then(clientv3.OpPut(me, "", clientv3.WithLease(sess.id)), head).
+			Else(clientv3.OpGet(me, clientv3.WithKeysOnly()), head).
+			Commit()
+		switch {
+		case err == nil:
+			q := queued{rev: resp.Header.Revision, seen: resp.Header.Revision}
+			if !resp.Succeeded {
+				q.rev = resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
+			}
+			if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+				q.first = kvs[0].CreateRevision == q.rev
+			}
+			return q, nil
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			sess.ka.MarkLost() // the next session() grants a new one
+			return queued{}, errRequeue
+		case l.isClosed():
+			return queued{}, errClosed
+		case ctx.Err() != nil:
+			return queued{}, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
+		}
+		if !l.sleep(ctx, backoff(try)) {
+			break
+		}
+	}
+	return queued{}, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
+}
+
+// wait waits until ours is the oldest key in the queue, watching only the
+// key created just before ours.
+func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string, q queued) (*lease, error) {
+	if q.first {
+		return l.hold(sess, key, me, q.rev, q.seen)
+	}
+	// Stop waiting when the session ends, or the Locker closes, too.
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	defer context.AfterFunc(sess.ctx, cancel)()
+	defer context.AfterFunc(l.ctx, cancel)()
+
+	var failing time.Time // since when requests fail: etcd unreachable
+	for try := 0; ; try++ {
+		// One snapshot: the last key created before ours, and ours.
+		resp, err := l.cli.Txn(ctx).Then(
+			clientv3.OpGet(pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(q.rev-1), clientv3.WithKeysOnly())...),
+			clientv3.OpGet(me, clientv3.WithKeysOnly()),
+		).Commit()
+		if err == nil {
+			failing = time.Time{}
+			if len(resp.Responses[1].GetResponseRange().Kvs) == 0 {
+				return nil, errRequeue
+			}
+			pred := resp.Responses[0].GetResponseRange().Kvs
+			if len(pred) == 0 {
+				return l.hold(sess, key, me, q.rev, resp.Header.Revision)
+			}
+			if err = l.waitDelete(ctx, string(pred[0].Key)); err == nil {
+				continue
+			}
+		}
+		switch {
+		case parent.Err() != nil:
+			return nil, parent.Err()
+		case sess.ctx.Err() != nil:
+			return nil, errRequeue
+		case l.isClosed():
+			return nil, errClosed
+		}
+		if failing.IsZero() {
+			failing = time.Now()
+		} else if time.Since(failing) > sess.ttl {
+			return nil, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
+		}
+		l.sleep(ctx, backoff(try))
+	}
+}
+
+// waitDelete waits until key is deleted. A nil return means "look again":
+// the key went, or the watch was compacted away.
+//
+// The watch starts at the current revision rather than at the snapshot's:
+// etcd serves a watch that starts in the past from a loop that runs every
+// 100 ms (mvcc's unsynced watchers), which would delay every handoff. So we
+// wait until the watch is in place, then check that the key is still there:
+// a deletion before that check is seen by the check, one after it by the
+// watch.
+func (l *Locker) waitDelete(ctx context.Context, key string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := l.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+	for wr := range wch {
+		switch {
+		case wr.CompactRevision != 0:
+			return nil
+		case wr.Err() != nil:
+			return wr.Err()
+		case wr.Created:
+			resp, err := l.cli.Get(ctx, key, clientv3.WithCountOnly())
+			if err != nil {
+				return err
+			}
+			if resp.Count == 0 {
+				return nil
+			}
+		case deleted(wr):
+			return nil
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.New("etcdlock: watch closed")
+}
+
+// hold makes a lease of our key, now the oldest in its queue, read at
+// revision seen. A watch on the key tells us if it is deleted behind our
+// back.
+func (l *Locker) hold(sess *session, key, me string, rev, seen int64) (*lease, error) {
+	s := &lease{
+		locker: l, sess: sess, key: key, me: me, rev: rev,
+		lost: make(chan struct{}), stop: make(chan struct{}), stopped: make(chan struct{}),
+	}
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+	wch := l.cli.Watch(ctx, me, clientv3.WithRev(seen+1), clientv3.WithFilterPut())
+	if !l.spawn(func() {
+		defer close(s.stopped)
+		defer cancel()
+		s.watch(wch)
+	}) {
+		cancel()
+		return nil, errClosed
+	}
+	return s, nil
+}
+
+// remove deletes our key in the background (fenced by its create revision
+// when known; the name is ours alone either way), until it is gone, the
+// session is, or the Locker closes. Each try has a fresh bounded context
+// that keeps only ctx's values.
+func (l *Locker) remove(ctx context.Context, sess *session, me string, rev int64) {
+	cmp := clientv3.Compare(clientv3.CreateRevision(me), "=", rev)
+	if rev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(me), ">", 0)
+	}
+	for try := range cleanupTries {
+		if sess.ctx.Err() != nil {
+			return // the lease expires or is revoked, and our key with it
+		}
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sess.ttl)
+		_, err := l.cli.Txn(tctx).If(cmp).Then(clientv3.OpDelete(me)).Commit()
+		cancel()
+		if err == nil || !l.sleep(context.Background(), backoff(try)) {
+			return
+		}
+	}
+}
+
+// cleanup runs f in the background and waits for it a bounded time.
+func (l *Locker) cleanup(f func()) {
+	done := make(chan struct{})
+	if !l.spawn(func() { defer close(done); f() }) {
+		return // Close revokes the session, and its keys with it
+	}
+	t := time.NewTimer(cleanupWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// spawn runs f on a goroutine that Close waits for; false after Close.
+func (l *Locker) spawn(f func()) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.bg.Add(1)
+	go func() {
+		defer l.bg.Done()
+		f()
+	}()
+	return true
+}
+
+func (l *Locker) isClosed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// sleep waits d; false if ctx ended or the Locker closed meanwhile.
+func (l *Locker) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-l.done:
+		return false
+	}
+}
+
+// backoff is a jittered exponential delay from 25 ms up to 1 s.
+func backoff(try int) time.Duration {
+	d := min(25*time.Millisecond<<min(try, 6), time.Second)
+	return d/2 + mrand.N(d/2)
+}
+
+// releaseFailed is the error of a Release that could not reach etcd: the
+// lease is not held if it was lost already, else its fate is unknown.
+func releaseFailed(key string, lost <-chan struct{}, err error) error {
+	select {
+	case <-lost:
+		return fmt.Errorf("release %q: %w: %w", key, locking.ErrNotHeld, err)
+	default:
+		return fmt.Errorf("release %q: %w: %w", key, locking.ErrUnavailable, err)
+	}
+}
+
+// lease is our key at the head of its queue.
+type lease struct {
+	locker *Locker
+	sess   *session
+	key    string
+	me     string // our etcd key
+	rev    int64  // its create revision: the token
+
+	lost     chan struct{}
+	lostOnce sync.Once
+	stop     chan struct{} // closed by Release: the watcher ends
+	stopped  chan struct{} // closed when the watcher has ended
+	released atomic.Bool
+}
+
+func (s *lease) Key() string           { return s.key }
+func (s *lease) Token() uint64         { return uint64(s.rev) }
+func (s *lease) Lost() <-chan struct{} { return s.lost }
+
+func (s *lease) markLost() { s.lostOnce.Do(func() { close(s.lost) }) }
+
+// watch closes Lost when the session is lost, the Locker closes, or our key
+// is deleted; a watch that fails leaves ownership unknown, which counts as
+// lost too. It ends then, or when Release stops it.
+func (s *lease) watch(wch clientv3.WatchChan) {
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.sess.ctx.Done():
+		case <-s.locker.done:
+		case wr, ok := <-wch:
+			if ok && wr.Err() == nil && !deleted(wr) {
+				continue
+			}
+		}
+		s.markLost()
+		return
+	}
+}
+
+func deleted(wr clientv3.WatchResponse) bool {
+	for _, ev := range wr.Events {
+		if ev.Type == mvccpb.DELETE {
+			return true
+		}
+	}
+	return false
+}
+
+// Release deletes our key if it is still ours: the delete is fenced by the
+// key's create revision, so neither a stale lease nor a retried release can
+// remove anyone else's claim.
+func (s *lease) Release(ctx context.Context) error {
+	notHeld := fmt.Errorf("release %q: %w", s.key, locking.ErrNotHeld)
+	if !s.released.CompareAndSwap(false, true) {
+		return notHeld
+	}
+	close(s.stop)
+	<-s.stopped
+	l := s.locker
+	if l.isClosed() {
+		return notHeld // Close revoked the session and deleted the key
+	}
+	retried := false
+	for try := 0; ; try++ {
+		resp, err := l.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(s.me), "=", s.rev)).
+			Then(clientv3.OpDelete(s.me)).
+			Commit()
+		switch {
+		case err == nil && (resp.Succeeded || retried):
+			return nil // on a retry, "not there" means our first delete landed
+		case err == nil:
+			s.markLost()
+			return notHeld
+		case ctx.Err() != nil, try == tries-1, l.isClosed():
+			// Stop waiting, not deleting: a key left behind would hold the
+			// lock for as long as the session lives.
+			l.spawn(func() { l.remove(ctx, s.sess, s.me, s.rev) })
+			return releaseFailed(s.key, s.lost, err)
+		}
+		retried = true
+		l.sleep(ctx, backoff(try))
+	}
+}

@@ -1,0 +1,239 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/locking/etcdlock"
+	"github.com/oversold-lab/oversold/locking/locktest"
+)
+
+func TestMain(m *testing.M) { locktest.Main(m) }
+
+// ttl is etcd's minimum lease TTL with default election settings (1.5
+// election timeouts, rounded up to whole seconds).
+const ttl = 2 * time.Second
+
+func TestConformance(t *testing.T) {
+	endpoints := testbed.Etcd(t)
+	locktest.Run(t, locktest.Backend{
+		Name:   "etcd",
+		Config: backends.Config{EtcdEndpoints: endpoints, TTL: ttl},
+		// Delete the holder's key: the oldest in the key's queue.
+		Steal: func(ctx context.Context, key string) error {
+			return withClient(endpoints, func(c *clientv3.Client) error {
+				resp, err := c.Get(ctx, queue(key), clientv3.WithFirstCreate()...)
+				if err != nil {
+					return err
+				}
+				if len(resp.Kvs) == 0 {
+					return errors.New("no holder to steal from")
+				}
+				_, err = c.Delete(ctx, string(resp.Kvs[0].Key))
+				return err
+			})
+		},
+		Leftovers: func(ctx context.Context, key string) (n int, err error) {
+			err = withClient(endpoints, func(c *clientv3.Client) error {
+				resp, err := c.Get(ctx, queue(key), clientv3.WithPrefix(), clientv3.WithCountOnly())
+				if err == nil {
+					n = int(resp.Count)
+				}
+				return err
+			})
+			return n, err
+		},
+		Expiry: ttl,
+	})
+}
+
+// queue is the prefix of key's queue.
+func queue(key string) string { return etcdlock.DefaultPrefix + "/" + url.PathEscape(key) + "/" }
+
+// withClient runs f on a fresh client, closed before it returns, so no
+// goroutine of it outlives the call.
+func withClient(endpoints []string, f func(*clientv3.Client) error) error {
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return f(c)
+}
+
+// The tests below cover what is particular to etcd; the contract itself is
+// the suite's.
+
+func newLocker(tb testing.TB, endpoints []string) *etcdlock.Locker {
+	tb.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	l, err := etcdlock.New(tb.Context(), cli, etcdlock.Config{TTL: ttl})
+	if err != nil {
+		cli.Close()
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		l.Close()
+		cli.Close()
+	})
+	return l
+}
+
+// A revoked session loses its leases, and the Locker grants itself a new
+// one for the next Acquire.
+func TestLostWhenLeaseRevoked(t *testing.T) {
+	endpoints := testbed.Etcd(t)
+	l := newLocker(t, endpoints)
+	key := testbed.Prefix(t) + "/sku"
+	lease, err := l.Acquire(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = withClient(endpoints, func(c *clientv3.Client) error {
+		resp, err := c.Get(t.Context(), queue(key), clientv3.WithPrefix())
+		if err != nil || len(resp.Kvs) != 1 {
+			return fmt.Errorf("queue: %v, %v", resp, err)
+		}
+		_, err = c.Revoke(t.Context(), clientv3.LeaseID(resp.Kvs[0].Lease))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lease.Lost():
+	case <-time.After(ttl + 5*time.Second):
+		t.Fatal("Lost still open after the session lease was revoked")
+	}
+	if err := lease.Release(t.Context()); !errors.Is(err, locking.ErrNotHeld) {
+		t.Errorf("release = %v, want ErrNotHeld", err)
+	}
+	again, err := l.Acquire(t.Context(), key)
+	if err != nil {
+		t.Fatalf("acquire on a new session: %v", err)
+	}
+	if again.Token() <= lease.Token() {
+		t.Errorf("token %d after %d", again.Token(), lease.Token())
+	}
+	time.Sleep(ttl / 2) // past a renewal: the new session is kept alive
+	select {
+	case <-again.Lost():
+		t.Error("the lease on the new session is lost")
+	default:
+	}
+	if err := again.Release(t.Context()); err != nil {
+		t.Error(err)
+	}
+}
+
+// A holder cut off from etcd cannot know whether its lease still lives:
+// Lost must close by the TTL, before the server could expire it, and the
+// Locker must serve again once the server is back.
+func TestLostWhenServerPaused(t *testing.T) {
+	srv, err := testbed.StartEtcd(t.Context(), testbed.Options{})
+	if errors.Is(err, testbed.ErrMissing) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	l := newLocker(t, []string{srv.Addr})
+	lease, err := l.Acquire(t.Context(), "sku/paused")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	select {
+	case <-lease.Lost():
+		took := time.Since(paused)
+		t.Logf("Lost closed %v after the server paused (TTL %v)", took.Round(time.Millisecond), ttl)
+		// Late is wrong, not slow: the server may grant the key at the TTL.
+		if took > ttl+time.Second {
+			t.Errorf("Lost closed %v after the server paused, later than the TTL allows", took)
+		}
+	case <-time.After(ttl + 5*time.Second):
+		t.Fatalf("Lost still open %v after the server paused", time.Since(paused))
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	// The lease may or may not have expired on the server meanwhile.
+	if err := lease.Release(ctx); err != nil && !errors.Is(err, locking.ErrNotHeld) {
+		t.Errorf("release after the pause: %v", err)
+	}
+	again, err := l.Acquire(ctx, "sku/paused")
+	if err != nil {
+		t.Fatalf("acquire after the server came back: %v", err)
+	}
+	if err := again.Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+func BenchmarkAcquireRelease(b *testing.B) {
+	l := newLocker(b, testbed.Etcd(b))
+	key := testbed.Prefix(b) + "/sku"
+	for b.Loop() {
+		lease, err := l.Acquire(b.Context(), key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lease.Release(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHotKey hands one key between 8 contenders, each with its own
+// Locker (its own session, as 8 replicas would have).
+func BenchmarkHotKey(b *testing.B) {
+	const contenders = 8
+	endpoints := testbed.Etcd(b)
+	key := testbed.Prefix(b) + "/hot"
+	lockers := make([]*etcdlock.Locker, contenders)
+	for i := range lockers {
+		lockers[i] = newLocker(b, endpoints)
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	began := time.Now()
+	for _, l := range lockers {
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) {
+				lease, err := l.Acquire(b.Context(), key)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if err := lease.Release(b.Context()); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/time.Since(began).Seconds(), "handoffs/s")
+}

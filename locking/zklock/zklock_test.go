@@ -1,0 +1,354 @@
+package zklock_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/locking/locktest"
+	"github.com/oversold-lab/oversold/locking/zklock"
+)
+
+func TestMain(m *testing.M) { locktest.Main(m) }
+
+// ttl is the session timeout for the suite: short, yet safe from spurious
+// expiry on a busy 2-core machine under -race.
+const ttl = 2 * time.Second
+
+func TestConformance(t *testing.T) {
+	servers := testbed.ZooKeeper(t)
+	locktest.Run(t, locktest.Backend{
+		Name:   "zookeeper",
+		Config: backends.Config{ZKServers: servers, TTL: ttl},
+		// Delete the holder's node: the lowest in the key's queue.
+		Steal: func(ctx context.Context, key string) error {
+			return withConn(ctx, servers, func(c *zk.Conn) error {
+				queue, err := children(c, key)
+				if err != nil {
+					return err
+				}
+				if len(queue) == 0 {
+					return errors.New("no holder to steal from")
+				}
+				return c.Delete(parent(key)+"/"+queue[0], -1)
+			})
+		},
+		Leftovers: func(ctx context.Context, key string) (n int, err error) {
+			err = withConn(ctx, servers, func(c *zk.Conn) error {
+				queue, err := children(c, key)
+				n = len(queue)
+				return err
+			})
+			return n, err
+		},
+		Expiry: ttl,
+	})
+}
+
+func parent(key string) string { return zklock.DefaultRoot + "/" + zklock.Escape(key) }
+
+// children lists the key's queue, lowest sequence first.
+func children(c *zk.Conn, key string) ([]string, error) {
+	names, _, err := c.Children(parent(key))
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		return strings.Compare(a[strings.LastIndex(a, "-"):], b[strings.LastIndex(b, "-"):])
+	})
+	return names, err
+}
+
+// withConn runs f on a fresh connection, closed before it returns, so no
+// goroutine of it outlives the call.
+func withConn(ctx context.Context, servers []string, f func(*zk.Conn) error) error {
+	c, events, err := zk.Connect(servers, 5*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		c.Close()
+		for range events {
+		}
+	}()
+	for c.State() != zk.StateHasSession {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return f(c)
+}
+
+// The tests below cover what is particular to ZooKeeper; the contract
+// itself is the suite's.
+
+// A server that clamps the session timeout must be obeyed: the testbed's
+// ZooKeeper grants at least 400 ms.
+func TestNegotiatedSessionTimeout(t *testing.T) {
+	const asked = 100 * time.Millisecond
+	l, err := zklock.New(t.Context(), testbed.ZooKeeper(t), zklock.Config{SessionTimeout: asked})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if got := l.SessionTimeout(); got <= asked {
+		t.Errorf("SessionTimeout() = %v after asking for %v; the server grants more", got, asked)
+	}
+}
+
+// Sequence numbers restart when the parent is removed and made again; the
+// token (czxid) must not.
+func TestTokenSurvivesParentRecreation(t *testing.T) {
+	servers := testbed.ZooKeeper(t)
+	l, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	key := testbed.Prefix(t) + "/sku"
+	var last uint64
+	for i := range 3 {
+		lease, err := l.Acquire(t.Context(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tok := lease.Token(); tok <= last {
+			t.Fatalf("grant %d: token %d, not above %d", i, tok, last)
+		} else {
+			last = tok
+		}
+		if err := lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if err := withConn(t.Context(), servers, func(c *zk.Conn) error { return c.Delete(parent(key), -1) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A holder cut off from ZooKeeper cannot know whether its session still
+// lives: Lost must close by the session timeout, before the server could
+// expire it, and the Locker must serve again once the server is back.
+func TestLostWhenServerPaused(t *testing.T) {
+	srv, err := testbed.StartZooKeeper(t.Context(), testbed.Options{})
+	if errors.Is(err, testbed.ErrMissing) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	const timeout = time.Second
+	l, err := zklock.New(t.Context(), []string{srv.Addr}, zklock.Config{SessionTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	lease, err := l.Acquire(t.Context(), "sku/paused")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	select {
+	case <-lease.Lost():
+		took := time.Since(paused)
+		t.Logf("Lost closed %v after the server paused (session timeout %v)", took.Round(time.Millisecond), l.SessionTimeout())
+		// Late is wrong, not slow: the server may grant the key at the TTL.
+		if took > l.SessionTimeout()+time.Second {
+			t.Errorf("Lost closed %v after the server paused, later than the session timeout allows", took)
+		}
+	case <-time.After(timeout + 5*time.Second):
+		t.Fatalf("Lost still open %v after the server paused", time.Since(paused))
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	// The session may or may not have survived the pause.
+	if err := lease.Release(ctx); err != nil && !errors.Is(err, locking.ErrNotHeld) {
+		t.Errorf("release after the pause: %v", err)
+	}
+	again, err := l.Acquire(ctx, "sku/paused")
+	if err != nil {
+		t.Fatalf("acquire after the server came back: %v", err)
+	}
+	if err := again.Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+func BenchmarkAcquireRelease(b *testing.B) {
+	l, err := zklock.New(b.Context(), testbed.ZooKeeper(b), zklock.Config{SessionTimeout: ttl})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	key := testbed.Prefix(b) + "/sku"
+	for b.Loop() {
+		lease, err := l.Acquire(b.Context(), key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lease.Release(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHotKey hands one key between 8 contenders, each with its own
+// Locker (its own session, as 8 replicas would have).
+func BenchmarkHotKey(b *testing.B) {
+	const contenders = 8
+	servers := testbed.ZooKeeper(b)
+	key := testbed.Prefix(b) + "/hot"
+	lockers := make([]*zklock.Locker, contenders)
+	for i := range lockers {
+		l, err := zklock.New(b.Context(), servers, zklock.Config{SessionTimeout: ttl})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		lockers[i] = l
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	began := time.Now()
+	for _, l := range lockers {
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) {
+				lease, err := l.Acquire(b.Context(), key)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if err := lease.Release(b.Context()); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/time.Since(began).Seconds(), "handoffs/s")
+}
+
+// When the reply to our create is lost, the create may or may not have
+// happened: Acquire must find the node it made instead of making a second
+// one that nobody would ever delete.
+func TestLostCreateReplyLeavesNoOrphan(t *testing.T) {
+	servers := testbed.ZooKeeper(t)
+	var arm, dropped atomic.Bool
+	dial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		return &dropCreateReply{Conn: c, arm: &arm, dropped: &dropped}, nil
+	}
+	l, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: ttl, Dialer: dial})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	key := testbed.Prefix(t) + "/sku"
+	arm.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	lease, err := l.Acquire(ctx, key) // an orphan would sit ahead of us forever
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dropped.Load() {
+		t.Fatal("the create reply was not dropped: the test proves nothing")
+	}
+	count := func() int {
+		var queue []string
+		if err := withConn(t.Context(), servers, func(c *zk.Conn) (err error) {
+			queue, err = children(c, key)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return len(queue)
+	}
+	if n := count(); n != 1 {
+		t.Errorf("%d nodes queued for the key after one acquire whose create reply was lost", n)
+	}
+	if err := lease.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Errorf("%d nodes left after release", n)
+	}
+}
+
+// dropCreateReply passes ZooKeeper traffic through, except that once armed
+// it breaks the connection in place of delivering the reply to the next
+// create request that succeeds. go-zookeeper writes one whole packet per
+// Write.
+type dropCreateReply struct {
+	net.Conn
+	arm, dropped *atomic.Bool
+	target       atomic.Int32 // xid of the create whose reply to drop
+	pending      []byte       // the rest of the packet being read
+}
+
+const opCreate = 1
+
+func (c *dropCreateReply) Write(p []byte) (int, error) {
+	if len(p) >= 12 {
+		xid, op := int32(binary.BigEndian.Uint32(p[4:])), int32(binary.BigEndian.Uint32(p[8:]))
+		if xid > 0 && op == opCreate && c.arm.CompareAndSwap(true, false) {
+			c.target.Store(xid)
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *dropCreateReply) Read(p []byte) (int, error) {
+	if len(c.pending) == 0 {
+		var size [4]byte
+		if _, err := io.ReadFull(c.Conn, size[:]); err != nil {
+			return 0, err
+		}
+		packet := make([]byte, 4+binary.BigEndian.Uint32(size[:]))
+		copy(packet, size[:])
+		if _, err := io.ReadFull(c.Conn, packet[4:]); err != nil {
+			return 0, err
+		}
+		// A reply is xid, zxid, error code: drop the create's, if it succeeded.
+		if xid := c.target.Load(); xid != 0 && len(packet) >= 20 && int32(binary.BigEndian.Uint32(packet[4:])) == xid {
+			if binary.BigEndian.Uint32(packet[16:]) != 0 {
+				c.arm.Store(true) // failed (no parent yet): wait for the retry
+			} else {
+				c.dropped.Store(true)
+				c.Conn.Close()
+				return 0, errors.New("create reply dropped")
+			}
+		}
+		c.pending = packet
+	}
+	n := copy(p, c.pending)
+	c.pending = c.pending[n:]
+	return n, nil
+}
