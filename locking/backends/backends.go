@@ -1,0 +1,159 @@
+// Package backends opens any lock backend by name, so orderd, the lab, the
+// tests and outside tools build lockers the same way. It is the only place
+// that knows every backend.
+package backends
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/oversold-lab/oversold/internal/redisconn"
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/etcdlock"
+	"github.com/oversold-lab/oversold/locking/local"
+	"github.com/oversold-lab/oversold/locking/mysqllock"
+	"github.com/oversold-lab/oversold/locking/redislock"
+	"github.com/oversold-lab/oversold/locking/redlock"
+	"github.com/oversold-lab/oversold/locking/zklock"
+
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	_ "github.com/go-sql-driver/mysql" // the "mysql" driver the mysql lock opens
+)
+
+// Names lists the backends Open knows, in the order the lab runs them.
+var Names = []string{"local", "redis", "redlock", "zookeeper", "mysql", "etcd"}
+
+// Config carries every backend's settings; each backend reads its own.
+type Config struct {
+	TTL           time.Duration // lease time to live; 0 = 10s
+	RedisAddr     string
+	RedlockAddrs  []string
+	ZKServers     []string
+	EtcdEndpoints []string
+	MySQLDSN      string
+
+	// OnRenewalFailed, if set, hears every failed lease renewal (metrics).
+	OnRenewalFailed func(key string, err error) `json:"-"`
+}
+
+// DefaultTTL is the lease time to live when Config.TTL is zero.
+const DefaultTTL = 10 * time.Second
+
+func (c Config) ttl() time.Duration {
+	if c.TTL <= 0 {
+		return DefaultTTL
+	}
+	return c.TTL
+}
+
+// Open returns the named backend ("local", "redis", "redlock", "zookeeper",
+// "mysql", "etcd"), connected and checked: a server that does not answer is
+// an error wrapping locking.ErrUnavailable. The returned Locker's Close also
+// closes the clients Open made.
+func Open(ctx context.Context, name string, cfg Config) (locking.Locker, error) {
+	switch name {
+	case "local":
+		return local.New(), nil
+	case "redis":
+		client, err := redisconn.Open(cfg.RedisAddr)
+		if err != nil {
+			return nil, fmt.Errorf("redis lock: %w", err)
+		}
+		if err := client.Ping(ctx).Err(); err != nil {
+			client.Close()
+			return nil, unavailable(name, err)
+		}
+		l := redislock.New(client, redislock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+		return owned{Locker: l, closers: []func() error{client.Close}}, nil
+	case "redlock":
+		var (
+			clients []redis.UniversalClient
+			closers []func() error
+		)
+		closeAll := func() {
+			for _, c := range closers {
+				c()
+			}
+		}
+		for _, addr := range cfg.RedlockAddrs {
+			c, err := redisconn.Open(addr)
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("redlock lock: %w", err)
+			}
+			clients, closers = append(clients, c), append(closers, c.Close)
+		}
+		l, err := redlock.New(clients, redlock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		if err := l.Ping(ctx); err != nil { // a majority must answer
+			closeAll()
+			return nil, unavailable(name, err)
+		}
+		return owned{Locker: l, closers: closers}, nil
+	case "mysql":
+		db, err := sql.Open("mysql", cfg.MySQLDSN)
+		if err != nil {
+			return nil, fmt.Errorf("mysql lock: %w", err)
+		}
+		// Waiters poll together: with database/sql's default of 2 idle
+		// connections most polls would reconnect and re-prepare. The cap
+		// bounds what a crowd of waiters costs the shared database.
+		db.SetMaxOpenConns(32)
+		db.SetMaxIdleConns(32)
+		db.SetConnMaxIdleTime(time.Minute)
+		if err := db.PingContext(ctx); err != nil {
+			db.Close()
+			return nil, unavailable(name, err)
+		}
+		l := mysqllock.New(db, mysqllock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+		return owned{Locker: l, closers: []func() error{db.Close}}, nil
+	case "zookeeper":
+		// The Locker dials ZooKeeper itself: the session is the lease.
+		l, err := zklock.New(ctx, cfg.ZKServers, zklock.Config{SessionTimeout: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+		if err != nil {
+			return nil, unavailable(name, err)
+		}
+		return l, nil
+	case "etcd":
+		cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.EtcdEndpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			return nil, unavailable(name, err)
+		}
+		// New grants the session lease: that is the check that etcd answers.
+		l, err := etcdlock.New(ctx, cli, etcdlock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+		if err != nil {
+			cli.Close()
+			return nil, unavailable(name, err)
+		}
+		return owned{Locker: l, closers: []func() error{cli.Close}}, nil
+	default:
+		return nil, fmt.Errorf("unknown lock backend %q (want one of %v)", name, Names)
+	}
+}
+
+// owned closes the clients Open made after the Locker built on them.
+type owned struct {
+	locking.Locker
+	closers []func() error
+}
+
+func (o owned) Close() error {
+	errs := []error{o.Locker.Close()}
+	for _, c := range o.closers {
+		errs = append(errs, c())
+	}
+	return errors.Join(errs...)
+}
+
+// unavailable wraps a connection failure so callers can tell it apart.
+func unavailable(name string, err error) error {
+	return fmt.Errorf("%s lock: %w: %w", name, locking.ErrUnavailable, err)
+}

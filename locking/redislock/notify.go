@@ -1,0 +1,353 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	// healthCheck is how long the subscription connection may stay silent
+	// before it is pinged; silent for another healthCheck after the ping, it
+	// is replaced. go-redis's own PubSub.Channel checks at about this pace.
+	healthCheck = 3 * time.Second
+	// commandTimeout bounds one SUBSCRIBE or UNSUBSCRIBE write.
+	commandTimeout = time.Second
+	// linger keeps a channel subscribed for a while after its last watcher
+	// left: on a hot key the next wait comes soon, and finds the
+	// subscription ready instead of paying SUBSCRIBE and UNSUBSCRIBE again.
+	linger = 2 * time.Second
+)
+
+// Notifier shares one pub/sub connection among all the waiters of a process
+// on one Redis server, and fans release messages out to them per channel.
+// One connection per Notifier, not per waiter: a PubSub per Acquire costs a
+// connection and a SUBSCRIBE round trip for every wait.
+//
+// A release message wakes one watcher of its channel, the one that has
+// waited longest (Redisson's LockPubSub does the same per JVM): of the
+// waiters in one process only one can win the freed lock, so waking them all
+// would only send the losers back to the server. Whenever a subscription is
+// (re)established, every watcher is woken instead, because messages may have
+// been missed meanwhile. A channel stays subscribed for a while after its
+// last watcher left, so a hot key pays for SUBSCRIBE once, not per wait.
+//
+// The redis and redlock backends use one Notifier per Redis server they
+// talk to.
+type Notifier struct {
+	client redis.UniversalClient
+
+	mu     sync.Mutex
+	ps     *redis.PubSub // nil until the first Watch; replaced after a failure
+	topics map[string]*topic
+	closed bool
+	quit   chan struct{} // closed by Close
+	done   chan struct{} // closed when the receive loop has ended; nil if it never started
+}
+
+// topic is the state of one channel. Its SUBSCRIBE and UNSUBSCRIBE commands
+// and their confirmations travel in order on the one connection, so counting
+// the unconfirmed ones tells when the server's state matches ours.
+type topic struct {
+	watches    []*Watch      // oldest first
+	subscribed bool          // the last command sent was SUBSCRIBE
+	inflight   int           // commands sent and not yet confirmed
+	ready      chan struct{} // closed once the server confirmed the subscription
+	idle       *time.Timer   // set while subscribed with no watchers: unsubscribes after linger
+	resync     bool          // on a new connection: wake every watcher once subscribed
+}
+
+// Watch is one waiter's interest in a channel.
+type Watch struct {
+	n       *Notifier
+	channel string
+	wake    chan struct{}
+	ready   chan struct{}
+}
+
+// NewNotifier returns a Notifier over client. It connects at the first Watch.
+func NewNotifier(client redis.UniversalClient) *Notifier {
+	return &Notifier{client: client, topics: make(map[string]*topic), quit: make(chan struct{})}
+}
+
+// Watch subscribes to channel, if this process is not subscribed yet, and
+// registers wake to be signalled (without blocking: give it a buffer of one)
+// when a message arrives. Ready closes once the server has confirmed the
+// subscription: a message published after that is not missed. Several
+// Watches may share one wake channel.
+func (n *Notifier) Watch(channel string, wake chan struct{}) *Watch {
+	w := &Watch{n: n, channel: channel, wake: wake}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		w.ready = make(chan struct{})
+		close(w.ready)
+		return w
+	}
+	if n.ps == nil {
+		n.ps = n.client.Subscribe(context.Background())
+		n.done = make(chan struct{})
+		go n.receive()
+	}
+	t := n.topics[channel]
+	if t == nil {
+		t = &topic{}
+		n.topics[channel] = t
+	}
+	if !t.subscribed {
+		t.subscribed = true
+		t.ready = make(chan struct{})
+		n.send(t, n.ps.Subscribe, channel)
+	}
+	t.add(w)
+	return w
+}
+
+// Join is Watch for a channel whose subscription the server has confirmed
+// already; it sends nothing, and returns nil if there is no such
+// subscription. A waiter that joins before its try cannot miss a release
+// that comes after the try.
+func (n *Notifier) Join(channel string, wake chan struct{}) *Watch {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	t := n.topics[channel]
+	if n.closed || t == nil || !t.subscribed || !isClosed(t.ready) {
+		return nil
+	}
+	w := &Watch{n: n, channel: channel, wake: wake}
+	t.add(w)
+	return w
+}
+
+func (t *topic) add(w *Watch) {
+	if t.idle != nil {
+		t.idle.Stop()
+		t.idle = nil
+	}
+	t.watches = append(t.watches, w)
+	w.ready = t.ready
+}
+
+// Ready is closed once the subscription is confirmed by the server.
+func (w *Watch) Ready() <-chan struct{} { return w.ready }
+
+// Stop ends the watch; the channel is unsubscribed a while (linger) after
+// its last watcher left. A wake-up the watcher did not consume passes to
+// the next watcher, so a waiter that gives up cannot swallow a release
+// another one needs; a watcher that won the lock should drain its wake
+// channel first.
+func (w *Watch) Stop() {
+	n := w.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	t := n.topics[w.channel]
+	if t == nil {
+		return
+	}
+	i := slices.Index(t.watches, w)
+	if i < 0 {
+		return
+	}
+	t.watches = slices.Delete(t.watches, i, i+1)
+	select {
+	case <-w.wake:
+		t.wakeOne()
+	default:
+	}
+	if len(t.watches) == 0 && t.subscribed && !n.closed {
+		var idle *time.Timer
+		idle = time.AfterFunc(linger, func() {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			if t.idle == idle && !n.closed { // else a watcher came, or Close
+				t.idle = nil
+				t.subscribed = false
+				n.send(t, n.ps.Unsubscribe, w.channel)
+			}
+		})
+		t.idle = idle
+	}
+}
+
+// send writes one SUBSCRIBE or UNSUBSCRIBE; n.mu is held, so the order of
+// writes is the order of state changes. A failed write breaks the
+// connection, and the receive loop starts over on a new one.
+func (n *Notifier) send(t *topic, cmd func(context.Context, ...string) error, channel string) {
+	t.inflight++
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	_ = cmd(ctx, channel)
+}
+
+// Close ends every watch (their Ready channels close and their watchers are
+// woken) and the connection.
+func (n *Notifier) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	close(n.quit)
+	for _, t := range n.topics {
+		if t.idle != nil {
+			t.idle.Stop()
+		}
+		closeOnce(t.ready)
+		t.wakeAll()
+	}
+	ps, done := n.ps, n.done
+	n.mu.Unlock()
+	if ps == nil {
+		return nil
+	}
+	err := ps.Close()
+	<-done
+	return err
+}
+
+// receive reads the connection until Close, starting over on a new
+// connection whenever the current one fails or falls silent.
+func (n *Notifier) receive() {
+	defer close(n.done)
+	pinged, failures := false, 0
+	for {
+		n.mu.Lock()
+		ps, closed := n.ps, n.closed
+		n.mu.Unlock()
+		if closed {
+			return
+		}
+		msg, err := ps.ReceiveTimeout(context.Background(), healthCheck)
+		var nerr net.Error
+		switch {
+		case err == nil:
+			pinged, failures = false, 0
+			n.dispatch(msg)
+		case errors.As(err, &nerr) && nerr.Timeout() && !pinged:
+			pinged = true
+			ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+			_ = ps.Ping(ctx)
+			cancel()
+		default:
+			// Broken, closed, or silent even after a ping. Back off from
+			// the second failure in a row: the server may be down.
+			if failures++; failures > 1 {
+				d := min(time.Second, 50*time.Millisecond<<min(failures, 5))
+				select {
+				case <-n.quit:
+					return
+				case <-time.After(d/2 + rand.N(d/2)):
+				}
+			}
+			pinged = false
+			n.restart(ps)
+		}
+	}
+}
+
+// restart replaces the connection old with a new one subscribed to every
+// channel still watched. Releases may have been missed while the old
+// connection was failing, so once the server confirms the new subscription,
+// every watcher is woken to look at the lock again.
+func (n *Notifier) restart(old *redis.PubSub) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed || n.ps != old {
+		return
+	}
+	_ = old.Close()
+	n.ps = n.client.Subscribe(context.Background())
+	var channels []string
+	for ch, t := range n.topics {
+		if len(t.watches) == 0 {
+			if t.idle != nil {
+				t.idle.Stop()
+				t.idle = nil
+			}
+			delete(n.topics, ch)
+			continue
+		}
+		channels = append(channels, ch)
+		closeOnce(t.ready) // who waits for the old subscription tries now
+		t.subscribed, t.inflight, t.ready, t.resync = true, 1, make(chan struct{}), true
+	}
+	if len(channels) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+		_ = n.ps.Subscribe(ctx, channels...) // one confirmation per channel
+		cancel()
+	}
+}
+
+func (n *Notifier) dispatch(msg any) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch m := msg.(type) {
+	case *redis.Message:
+		if t := n.topics[m.Channel]; t != nil {
+			t.wakeOne()
+		}
+	case *redis.Subscription:
+		t := n.topics[m.Channel]
+		if t == nil {
+			return
+		}
+		if t.inflight > 0 {
+			t.inflight--
+		}
+		switch {
+		case t.inflight > 0:
+		case t.subscribed:
+			closeOnce(t.ready)
+			if t.resync {
+				t.resync = false
+				t.wakeAll()
+			}
+		default:
+			delete(n.topics, m.Channel)
+		}
+	}
+}
+
+// wakeOne signals the longest waiting watcher; if it has a wake-up pending
+// already, it has yet to look at the lock, which will show it this release.
+func (t *topic) wakeOne() {
+	if len(t.watches) > 0 {
+		signal(t.watches[0].wake)
+	}
+}
+
+func (t *topic) wakeAll() {
+	for _, w := range t.watches {
+		signal(w.wake)
+	}
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// closeOnce closes c unless it is closed already; callers hold the lock.
+func closeOnce(c chan struct{}) {
+	if c != nil && !isClosed(c) {
+		close(c)
+	}
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,178 @@
+package redislock_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/locking/locktest"
+	"github.com/oversold-lab/oversold/locking/redislock"
+)
+
+func TestMain(m *testing.M) { locktest.Main(m) }
+
+func TestConformance(t *testing.T) {
+	addr := testbed.Redis(t)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { admin.Close() })
+	lockKey := func(key string) string { return "lock:{" + key + "}" } // the default prefix, as backends.Open uses
+	locktest.Run(t, locktest.Backend{
+		Name:   "redis",
+		Config: backends.Config{RedisAddr: addr, TTL: time.Second},
+		Steal: func(ctx context.Context, key string) error {
+			return admin.Del(ctx, lockKey(key)).Err()
+		},
+		Leftovers: func(ctx context.Context, key string) (int, error) {
+			n, err := admin.Exists(ctx, lockKey(key)).Result()
+			return int(n), err
+		},
+	})
+}
+
+// BenchmarkUncontended measures one Acquire and Release of a free key.
+func BenchmarkUncontended(b *testing.B) {
+	l := benchLocker(b, testbed.Redis(b))
+	ctx := context.Background()
+	for b.Loop() {
+		lease, err := l.Acquire(ctx, "uncontended")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHotKey8 measures handoffs of one key among 8 contenders, each
+// with its own Locker and connections, as if in 8 processes: ns/op is the
+// time per handoff.
+func BenchmarkHotKey8(b *testing.B) {
+	addr := testbed.Redis(b)
+	lockers := make([]*redislock.Locker, 8)
+	for i := range lockers {
+		lockers[i] = benchLocker(b, addr)
+	}
+	hotKey(b, lockers)
+}
+
+// BenchmarkHotKey8OneLocker is BenchmarkHotKey8 with the 8 contenders in
+// one Locker: a release wakes one of them, not all.
+func BenchmarkHotKey8OneLocker(b *testing.B) {
+	l := benchLocker(b, testbed.Redis(b))
+	hotKey(b, []*redislock.Locker{l, l, l, l, l, l, l, l})
+}
+
+// hotKey runs one contender per entry of lockers until b.N handoffs.
+func hotKey(b *testing.B, lockers []*redislock.Locker) {
+	ctx := context.Background()
+	var (
+		left atomic.Int64
+		wg   sync.WaitGroup
+	)
+	left.Store(int64(b.N))
+	b.ResetTimer()
+	for _, l := range lockers {
+		wg.Go(func() {
+			for left.Add(-1) >= 0 {
+				lease, err := l.Acquire(ctx, "hot")
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if err := lease.Release(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func benchLocker(b *testing.B, addr string) *redislock.Locker {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	l := redislock.New(c, redislock.Config{TTL: 5 * time.Second})
+	b.Cleanup(func() { l.Close(); c.Close() })
+	return l
+}
+
+// The same suite on a three-master Redis Cluster: the lock key, its fence
+// counter and its channel share the hash slot of {key}, and the release
+// message reaches a subscriber on any node.
+func TestConformanceCluster(t *testing.T) {
+	addrs := startCluster(t, 3)
+	// A client per call: a Cluster client's node clients start goroutines
+	// lazily, which the suite's leak check would count.
+	admin := func(ctx context.Context, do func(*redis.ClusterClient) error) error {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		defer c.Close()
+		return do(c)
+	}
+	lockKey := func(key string) string { return "lock:{" + key + "}" }
+	locktest.Run(t, locktest.Backend{
+		Name:   "redis",
+		Config: backends.Config{RedisAddr: strings.Join(addrs, ","), TTL: time.Second},
+		Steal: func(ctx context.Context, key string) error {
+			return admin(ctx, func(c *redis.ClusterClient) error { return c.Del(ctx, lockKey(key)).Err() })
+		},
+		Leftovers: func(ctx context.Context, key string) (n int, err error) {
+			err = admin(ctx, func(c *redis.ClusterClient) error {
+				m, err := c.Exists(ctx, lockKey(key)).Result()
+				n = int(m)
+				return err
+			})
+			return n, err
+		},
+	})
+}
+
+// startCluster starts n cluster-enabled masters, splits the slots among
+// them and waits until the cluster is up.
+func startCluster(t *testing.T, n int) []string {
+	t.Helper()
+	if cmd := testbed.Missing(testbed.KindRedis); cmd != "" {
+		t.Skip(cmd)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var addrs []string
+	var nodes []*redis.Client
+	for i := range n {
+		s, err := testbed.StartRedis(ctx, testbed.Options{Args: []string{"--cluster-enabled", "yes", "--cluster-node-timeout", "2000"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Stop() })
+		c := redis.NewClient(&redis.Options{Addr: s.Addr})
+		t.Cleanup(func() { c.Close() })
+		first, last := i*16384/n, (i+1)*16384/n-1
+		if err := c.Do(ctx, "cluster", "addslotsrange", first, last).Err(); err != nil {
+			t.Fatal(err)
+		}
+		addrs, nodes = append(addrs, s.Addr), append(nodes, c)
+	}
+	for _, a := range addrs[1:] {
+		host, port, _ := net.SplitHostPort(a)
+		if err := nodes[0].ClusterMeet(ctx, host, port).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range nodes {
+		for !strings.Contains(c.ClusterInfo(ctx).Val(), "cluster_state:ok") {
+			if ctx.Err() != nil {
+				t.Fatal("the cluster did not come up")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return addrs
+}

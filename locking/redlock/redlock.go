@@ -1,0 +1,626 @@
+// Package redlock is the Redlock algorithm over N >= 3 independent Redis
+// masters: a lock is held while a majority of the nodes hold its key.
+//
+// # How it works
+//
+// Acquire sends SET lock owner NX PX ttl (a random 128-bit owner) to every
+// node at once, each request bounded by a per-node timeout that is small
+// next to the TTL. The lock is granted when a majority said yes and time is
+// left: validity = TTL - elapsed - drift (locking.Drift), measured from the
+// moment the requests were sent. Otherwise the attempt removes its key from
+// every node at once, with a fresh context (a node may have set the key and
+// lost the reply), and tries again. The watchdog (locking.Keepalive)
+// renews every TTL/3 with an owner-checked PEXPIRE on every node; a renewal
+// counts only when a majority confirms it before the current validity runs
+// out. Release deletes the key by owner check on every node.
+//
+// Waiting is by notification, as in the redis backend: a release publishes
+// on the key's channel on every node, and a waiter subscribes on every node
+// (one shared subscription connection per node per Locker, see
+// redislock.Notifier). When any node tells it of a release, it gives the
+// release the time of one attempt to reach the other nodes and tries once;
+// without news it tries when its fallback timer fires, a jittered backoff
+// capped by the time until enough keys expire for a majority. Notification
+// and not polling, because random sleeps (redsync: 50-250 ms) cap a hot key
+// at a few handoffs per second. Any node can tell, so a minority of nodes
+// down does not slow the handoff. After a split vote (several contenders
+// each got some nodes, none a majority) the contenders retry after random
+// delays, growing with each split in a row, as the Redlock description
+// asks, so that they do not meet again.
+//
+// # Failure modes
+//
+// Redlock is an efficiency lock, not a correctness lock (Kleppmann, "How to
+// do distributed locking", 2016; antirez, "Is Redlock safe?", 2016):
+//
+//   - A holder paused or delayed past its validity loses the lock while it
+//     believes it holds it, as with any lease. Lost closes when the validity
+//     of the last majority-confirmed renewal runs out, but a paused process
+//     cannot look.
+//   - A node restarted without persistence forgets the keys it held; with
+//     its vote another contender can assemble a second majority while the
+//     first holder is still valid. Run nodes with appendfsync always, or
+//     keep a restarted node out for longer than the TTL (antirez's delayed
+//     restart).
+//   - Redis expires keys by its wall clock: a node whose clock jumps forward
+//     frees its key early, and its vote can again make a second majority.
+//   - A minority of nodes down or slow costs nothing but latency; with no
+//     majority reachable, Acquire fails with locking.ErrUnavailable and
+//     renewals fail until Lost closes.
+//
+// # Token
+//
+// Token is always 0: Redlock has no safe fencing token. Kleppmann's point
+// is that a lock whose safety rests on timing (pauses, network delays, the
+// nodes' wall clocks) needs a token to be safe, and Redlock cannot make one:
+// a counter kept on every node drifts apart (an INCR reaches some nodes and
+// not others, a restarted node starts again from nothing), so no majority
+// of counters is sure to exceed every earlier grant, and a second majority
+// from a restarted or clock-jumped node is a second holder no counter
+// orders. antirez's answer, using the random owner as a compare-and-set
+// value in storage, orders nothing either. Where writes must be safe, guard
+// them in storage (the version guard), or use a lock with a real token
+// (redis on one durable master, zookeeper, etcd, mysql).
+package redlock
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/redislock"
+)
+
+var _ locking.Locker = (*Locker)(nil)
+
+// ErrClosed is returned by Acquire on a closed Locker.
+var ErrClosed = errors.New("redlock: locker closed")
+
+// The renew and release scripts are the redis backend's: the same owner
+// check, per node.
+var (
+	//go:embed acquire.lua
+	acquireLua string
+	//go:embed renew.lua
+	renewLua string
+	//go:embed release.lua
+	releaseLua string
+
+	acquireScript = redis.NewScript(acquireLua)
+	renewScript   = redis.NewScript(renewLua)
+	releaseScript = redis.NewScript(releaseLua)
+)
+
+// maxUnreachable is how many attempts in a row without answers from a
+// majority make Acquire give up with locking.ErrUnavailable.
+const maxUnreachable = 3
+
+// Config tunes a Locker. The zero value is usable.
+type Config struct {
+	// TTL is the lease time to live, renewed every TTL/3. 0 = 10s.
+	TTL time.Duration
+	// Prefix starts every Redis key of the Locker. "" = "lock:".
+	Prefix string
+	// NodeTimeout bounds one request to one node, so that a dead node
+	// cannot eat the validity. 0 = TTL/20, at most 100ms.
+	NodeTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the random delays between tries that
+	// no release message cut short. 0 = 5ms and 1s.
+	MinBackoff, MaxBackoff time.Duration
+	// OnRenewalFailed, if set, hears every failed renewal (for metrics).
+	OnRenewalFailed func(key string, err error)
+}
+
+func (c Config) withDefaults() Config {
+	if c.TTL <= 0 {
+		c.TTL = 10 * time.Second
+	}
+	if c.Prefix == "" {
+		c.Prefix = "lock:"
+	}
+	if c.NodeTimeout <= 0 {
+		c.NodeTimeout = min(c.TTL/20, 100*time.Millisecond)
+	}
+	if c.MinBackoff <= 0 {
+		c.MinBackoff = 5 * time.Millisecond
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = time.Second
+	}
+	c.MaxBackoff = max(c.MaxBackoff, c.MinBackoff)
+	return c
+}
+
+// Locker grants leases held on a majority of independent Redis masters. It
+// is safe for concurrent use.
+type Locker struct {
+	nodes  []node
+	quorum int
+	cfg    Config
+	ttl    string // cfg.TTL in milliseconds, as the scripts take it
+
+	mu      sync.Mutex
+	leases  map[*lease]struct{} // live leases, ended by Close
+	closed  bool
+	closing chan struct{}
+}
+
+type node struct {
+	client   redis.UniversalClient
+	notifier *redislock.Notifier
+}
+
+// New returns a Locker on the given independent masters (not replicas of
+// each other, not one Cluster: Redlock's votes must fail independently).
+// Close does not close the clients.
+func New(clients []redis.UniversalClient, cfg Config) (*Locker, error) {
+	if len(clients) < 3 {
+		return nil, fmt.Errorf("redlock: %d nodes given, want at least 3 independent masters", len(clients))
+	}
+	cfg = cfg.withDefaults()
+	l := &Locker{
+		quorum:  len(clients)/2 + 1,
+		cfg:     cfg,
+		ttl:     strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
+		leases:  make(map[*lease]struct{}),
+		closing: make(chan struct{}),
+	}
+	for _, c := range clients {
+		l.nodes = append(l.nodes, node{client: c, notifier: redislock.NewNotifier(c)})
+	}
+	return l, nil
+}
+
+// Ping checks that a majority of the nodes answer: Redlock works with a
+// minority down.
+func (l *Locker) Ping(ctx context.Context) error {
+	t := count(l.ask(ctx, l.cfg.TTL, nil, func(ctx context.Context, c redis.UniversalClient) vote {
+		return vote{yes: true, err: c.Ping(ctx).Err()}
+	}))
+	if t.yes < l.quorum {
+		return fmt.Errorf("ping: %d of %d nodes answer, want %d: %w", t.yes, len(l.nodes), l.quorum, t.errs)
+	}
+	return nil
+}
+
+// names are the Redis names of one lock key on every node.
+type names struct{ lock, channel string }
+
+func (l *Locker) names(key string) names {
+	lock := l.cfg.Prefix + "{" + key + "}"
+	return names{lock: lock, channel: lock + ":released"}
+}
+
+// vote is one node's answer to one request.
+type vote struct {
+	yes    bool
+	holder string        // a refused acquire: the holder's owner there,
+	pttl   time.Duration // and its remaining TTL
+	err    error
+}
+
+// ask sends one request to every node (or every node i with only(i)) at
+// once, each bounded by timeout, and returns the answers in node order.
+func (l *Locker) ask(ctx context.Context, timeout time.Duration, only func(i int) bool, do func(context.Context, redis.UniversalClient) vote) []vote {
+	votes := make([]vote, len(l.nodes))
+	var wg sync.WaitGroup
+	for i, nd := range l.nodes {
+		if only != nil && !only(i) {
+			continue
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			votes[i] = do(ctx, nd.client)
+		})
+	}
+	wg.Wait()
+	return votes
+}
+
+// tally counts the answers to one request.
+type tally struct {
+	yes, no, failed, down int
+	holders               map[string]int  // refusals per holder
+	pttls                 []time.Duration // of the refusals with a TTL
+	errs                  nodeErrors
+}
+
+// nodeErrors are the failures of several nodes, on one line.
+type nodeErrors []error
+
+func (e nodeErrors) Error() string {
+	s := make([]string, len(e))
+	for i, err := range e {
+		s[i] = err.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (e nodeErrors) Unwrap() []error { return e }
+
+func count(votes []vote) tally {
+	t := tally{holders: make(map[string]int)}
+	for _, v := range votes {
+		switch {
+		case v.err != nil:
+			t.failed++
+			t.errs = append(t.errs, v.err)
+			var nerr net.Error
+			if !errors.Is(v.err, context.DeadlineExceeded) && !(errors.As(v.err, &nerr) && nerr.Timeout()) {
+				t.down++ // refused, reset: not merely slow
+			}
+		case v.yes:
+			t.yes++
+		default:
+			t.no++
+			t.holders[v.holder]++
+			if v.pttl >= 0 {
+				t.pttls = append(t.pttls, v.pttl)
+			}
+		}
+	}
+	return t
+}
+
+// held reports whether someone holds the lock on a majority.
+func (t tally) held(quorum int) bool {
+	for _, n := range t.holders {
+		if n >= quorum {
+			return true
+		}
+	}
+	return false
+}
+
+// freeIn is how long until enough holders' keys expire for a majority to
+// be free, counting the nodes that said yes as free; negative if unknown.
+func (t tally) freeIn(quorum int) time.Duration {
+	need := quorum - t.yes
+	if need <= 0 {
+		return 0
+	}
+	if need > len(t.pttls) {
+		return -1
+	}
+	slices.Sort(t.pttls)
+	return t.pttls[need-1]
+}
+
+// Acquire waits until a majority of the nodes grant the lock on key, ctx
+// ends, or too many nodes fail.
+func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error) {
+	if key == "" {
+		return nil, errors.New("acquire: empty key")
+	}
+	n := l.names(key)
+	owner := newOwner()
+	w := l.newWaiter(n.channel)
+	defer w.stop()
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("acquire %q: %w", key, err)
+		}
+		sent := time.Now()
+		votes := l.ask(ctx, l.cfg.NodeTimeout, nil, func(ctx context.Context, c redis.UniversalClient) vote {
+			return acquireVote(acquireScript.Run(ctx, c, []string{n.lock}, owner, l.ttl).Slice())
+		})
+		elapsed := time.Since(sent)
+		t := count(votes)
+		if t.yes >= l.quorum && elapsed < l.cfg.TTL-locking.Drift(l.cfg.TTL) {
+			w.drain()
+			return l.grant(ctx, key, n, owner, sent)
+		}
+		if t.yes > 0 || t.failed > 0 {
+			// Our key may be on some nodes (a minority, or a majority
+			// too late, or a lost reply): remove it from them.
+			l.undo(ctx, n, owner, votes)
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("acquire %q: %w", key, ctx.Err())
+		}
+		if t.yes+t.no >= l.quorum {
+			w.unreachable = 0
+		} else if w.unreachable++; w.unreachable >= maxUnreachable || t.down > len(l.nodes)-l.quorum {
+			return nil, fmt.Errorf("acquire %q: %w: no majority of nodes answers: %w", key, locking.ErrUnavailable, t.errs)
+		}
+		if err := w.next(ctx, attempt, t, elapsed); err != nil {
+			return nil, fmt.Errorf("acquire %q: %w", key, err)
+		}
+	}
+}
+
+// waiter is what one Acquire keeps between its tries.
+type waiter struct {
+	l       *Locker
+	channel string
+	wake    chan struct{} // signalled by release messages from any node
+	watches []*redislock.Watch
+	timer   *time.Timer
+	// splits counts the split votes in a row; unreachable the attempts in
+	// a row that no majority of nodes answered. A refused connection is
+	// known at once, but a dead node may also look merely slow (the
+	// per-node timeout cuts the client's dial retries short), so a few
+	// such attempts are enough.
+	splits, unreachable int
+}
+
+func (l *Locker) newWaiter(channel string) *waiter {
+	w := &waiter{l: l, channel: channel, wake: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
+	// Already subscribed on every node (the key is hot): a failed try can
+	// wait at once.
+	for _, nd := range l.nodes {
+		watch := nd.notifier.Join(channel, w.wake)
+		if watch == nil {
+			for _, watch := range w.watches {
+				watch.Stop()
+			}
+			w.watches = nil
+			break
+		}
+		w.watches = append(w.watches, watch)
+	}
+	return w
+}
+
+func (w *waiter) stop() {
+	for _, watch := range w.watches {
+		watch.Stop()
+	}
+	w.timer.Stop()
+}
+
+// drain drops a pending wake-up: the next try sees every release told so
+// far, and a grant uses it up (stop would pass it on to another waiter).
+func (w *waiter) drain() {
+	select {
+	case <-w.wake:
+	default:
+	}
+}
+
+// next waits until the next try is due, after a try that found t.
+func (w *waiter) next(ctx context.Context, attempt int, t tally, elapsed time.Duration) error {
+	l := w.l
+	if t.yes > 0 {
+		// Our key got some nodes, not a majority, and is gone again: a
+		// split vote (contenders each got some nodes), or a holder whose
+		// release reached some nodes first. Pause for a random while so
+		// that the contenders do not meet again (the Redlock
+		// description's advice), longer with every split in a row;
+		// messages wait in wake meanwhile. Then retry after a split, or
+		// wait for the holder's release as usual.
+		held := t.held(l.quorum)
+		if w.splits++; held {
+			w.splits = 0
+		}
+		w.timer.Reset(mrand.N(min(l.cfg.MaxBackoff, l.cfg.MinBackoff<<min(w.splits, 20))) + 1)
+		if _, err := w.wait(ctx, nil); err != nil || !held {
+			return err
+		}
+	} else {
+		w.splits = 0
+	}
+	w.timer.Reset(l.backoff(attempt, t.freeIn(l.quorum)))
+	if w.watches == nil {
+		// Subscribe on every node, and try again once they confirm (or
+		// the delay ends): a release between the first try and the
+		// subscriptions is not lost.
+		for _, nd := range l.nodes {
+			w.watches = append(w.watches, nd.notifier.Watch(w.channel, w.wake))
+		}
+		for _, watch := range w.watches {
+			if ok, err := w.wait(ctx, watch.Ready()); !ok {
+				return err // or the timer fired
+			}
+		}
+		return nil
+	}
+	if ok, err := w.wait(ctx, w.wake); !ok {
+		return err
+	}
+	// A release reaches the nodes one by one, and each tells us. Give it
+	// the time of one attempt to reach them all, so that we try once per
+	// release, not once per node.
+	w.timer.Reset(min(elapsed, l.cfg.NodeTimeout))
+	if _, err := w.wait(ctx, nil); err != nil {
+		return err
+	}
+	w.drain()
+	return nil
+}
+
+// wait waits for c (ok), the timer, or the end of ctx or of the Locker (an
+// error).
+func (w *waiter) wait(ctx context.Context, c <-chan struct{}) (ok bool, err error) {
+	select {
+	case <-c:
+		return true, nil
+	case <-w.timer.C:
+		return false, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-w.l.closing:
+		return false, ErrClosed
+	}
+}
+
+// acquireVote reads the acquire script's answer: {1}, or {0, pttl, owner}.
+func acquireVote(res []any, err error) vote {
+	if err != nil {
+		return vote{err: err}
+	}
+	if len(res) == 1 && res[0] == int64(1) {
+		return vote{yes: true}
+	}
+	if len(res) == 3 {
+		pttl, ok1 := res[1].(int64)
+		holder, ok2 := res[2].(string)
+		if ok1 && ok2 {
+			return vote{holder: holder, pttl: time.Duration(pttl) * time.Millisecond}
+		}
+	}
+	return vote{err: fmt.Errorf("acquire script returned %v", res)}
+}
+
+// backoff is the wait before try number attempt+1: exponential with
+// jitter, capped by freeIn (when enough keys expire), plus a little jitter
+// so that the waiters of several processes do not all come at once.
+func (l *Locker) backoff(attempt int, freeIn time.Duration) time.Duration {
+	d := l.cfg.MaxBackoff
+	if attempt < 30 {
+		d = min(d, l.cfg.MinBackoff<<attempt)
+	}
+	d = d/2 + mrand.N(d/2+1)
+	if freeIn >= 0 && freeIn < d {
+		d = freeIn + mrand.N(l.cfg.MinBackoff)
+	}
+	return d
+}
+
+// undo deletes owner's key from the nodes that did not refuse an attempt
+// (votes; nil = all), at once and with a fresh context. Each node gets the
+// per-node timeout: a node that fails to answer keeps the key for one TTL,
+// and a dead node must not hold up the caller for longer.
+func (l *Locker) undo(ctx context.Context, n names, owner string, votes []vote) {
+	ctx = context.WithoutCancel(ctx)
+	l.release(ctx, l.cfg.NodeTimeout, n, owner, func(i int) bool { return votes == nil || votes[i].yes || votes[i].err != nil })
+}
+
+// release deletes owner's key from the nodes (all, or those with only(i))
+// where it is still owner's, waking the waiters there.
+func (l *Locker) release(ctx context.Context, timeout time.Duration, n names, owner string, only func(int) bool) tally {
+	return count(l.ask(ctx, timeout, only, func(ctx context.Context, c redis.UniversalClient) vote {
+		ok, err := releaseScript.Run(ctx, c, []string{n.lock}, owner, n.channel).Bool()
+		return vote{yes: ok, err: err}
+	}))
+}
+
+// grant wraps a granted lock in a lease and starts its watchdog, whose
+// validity runs from sent, when the acquire requests were sent.
+func (l *Locker) grant(ctx context.Context, key string, n names, owner string, sent time.Time) (locking.Lease, error) {
+	s := &lease{l: l, key: key, names: n, owner: owner}
+	var onFail func(error)
+	if f := l.cfg.OnRenewalFailed; f != nil {
+		onFail = func(err error) { f(key, err) }
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		l.undo(ctx, n, owner, nil)
+		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
+	}
+	s.ka = locking.StartKeepalive(l.cfg.TTL, sent, s.renew, onFail)
+	l.leases[s] = struct{}{}
+	l.mu.Unlock()
+	return s, nil
+}
+
+// Close stops the renewal of the leases still held, closing their Lost
+// channels (their keys expire within the TTL), ends the waits in progress
+// with ErrClosed, and closes the subscription connections.
+func (l *Locker) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.closing)
+	leases := l.leases
+	l.leases = nil
+	l.mu.Unlock()
+	for s := range leases {
+		s.ka.Stop()
+		s.ka.MarkLost()
+	}
+	var errs []error
+	for _, nd := range l.nodes {
+		errs = append(errs, nd.notifier.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close redlock: %w", err)
+	}
+	return nil
+}
+
+func (l *Locker) forget(s *lease) {
+	l.mu.Lock()
+	delete(l.leases, s)
+	l.mu.Unlock()
+}
+
+type lease struct {
+	l        *Locker
+	key      string
+	names    names
+	owner    string
+	ka       *locking.Keepalive
+	released atomic.Bool
+}
+
+func (s *lease) Key() string           { return s.key }
+func (s *lease) Token() uint64         { return 0 } // no safe token: see the package doc
+func (s *lease) Lost() <-chan struct{} { return s.ka.Lost() }
+
+// renew extends the key on every node where it is still the lease's. It
+// succeeds only when a majority confirms within ctx, which the watchdog
+// bounds by the current validity.
+func (s *lease) renew(ctx context.Context) error {
+	l := s.l
+	t := count(l.ask(ctx, l.cfg.NodeTimeout, nil, func(ctx context.Context, c redis.UniversalClient) vote {
+		ok, err := renewScript.Run(ctx, c, []string{s.names.lock}, s.owner, l.ttl).Bool()
+		return vote{yes: ok, err: err}
+	}))
+	switch {
+	case t.yes >= l.quorum:
+		return nil
+	case t.no > len(l.nodes)-l.quorum:
+		return fmt.Errorf("renew %q: %w (held on %d of %d nodes)", s.key, locking.ErrNotHeld, t.yes, len(l.nodes))
+	}
+	return fmt.Errorf("renew %q: %w: confirmed by %d of %d nodes: %w", s.key, locking.ErrUnavailable, t.yes, len(l.nodes), t.errs)
+}
+
+// Release stops the watchdog, then deletes the key on every node where it
+// is still the lease's. Waiting longer than the TTL is pointless, so ctx is
+// cut to it; nodes that are not reached keep the key until it expires.
+func (s *lease) Release(ctx context.Context) error {
+	if !s.released.CompareAndSwap(false, true) {
+		return fmt.Errorf("release %q: %w", s.key, locking.ErrNotHeld)
+	}
+	s.ka.Stop()
+	s.l.forget(s)
+	ctx, cancel := context.WithTimeout(ctx, s.l.cfg.TTL)
+	defer cancel()
+	t := s.l.release(ctx, s.l.cfg.TTL, s.names, s.owner, nil)
+	switch {
+	case t.yes >= s.l.quorum:
+		return nil
+	case t.no > len(s.l.nodes)-s.l.quorum:
+		s.ka.MarkLost()
+		return fmt.Errorf("release %q: %w (held on %d of %d nodes)", s.key, locking.ErrNotHeld, t.yes, len(s.l.nodes))
+	}
+	return fmt.Errorf("release %q: %w: released on %d of %d nodes: %w", s.key, locking.ErrUnavailable, t.yes, len(s.l.nodes), t.errs)
+}
+
+// newOwner returns 16 random bytes in hex: owners never repeat, so an owner
+// check cannot mistake another holder, or another try, for this one.
+func newOwner() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand, Go 1.24)
+	return hex.EncodeToString(b[:])
+}

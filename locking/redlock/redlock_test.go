@@ -1,0 +1,233 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/locking/locktest"
+	"github.com/oversold-lab/oversold/locking/redlock"
+)
+
+func TestMain(m *testing.M) { locktest.Main(m) }
+
+func TestConformance(t *testing.T) {
+	addrs := testbed.Redises(t, 3)
+	admins := clients(t, addrs)
+	lockKey := func(key string) string { return "lock:{" + key + "}" } // the default prefix, as backends.Open uses
+	locktest.Run(t, locktest.Backend{
+		Name:   "redlock",
+		Config: backends.Config{RedlockAddrs: addrs, TTL: time.Second},
+		Steal: func(ctx context.Context, key string) error {
+			for _, c := range admins[:2] { // a majority
+				if err := c.Del(ctx, lockKey(key)).Err(); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		// One lease is a key on every node, all with its owner: count the
+		// distinct owners, so that a waiter's key left on any node shows.
+		Leftovers: func(ctx context.Context, key string) (int, error) {
+			owners := map[string]bool{}
+			for _, c := range admins {
+				owner, err := c.Get(ctx, lockKey(key)).Result()
+				switch {
+				case err == redis.Nil:
+				case err != nil:
+					return 0, err
+				default:
+					owners[owner] = true
+				}
+			}
+			return len(owners), nil
+		},
+	})
+}
+
+func clients(tb testing.TB, addrs []string) []redis.UniversalClient {
+	var cs []redis.UniversalClient
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		tb.Cleanup(func() { c.Close() })
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+func newLocker(tb testing.TB, addrs []string) *redlock.Locker {
+	l, err := redlock.New(clients(tb, addrs), redlock.Config{TTL: 5 * time.Second})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { l.Close() })
+	return l
+}
+
+// BenchmarkUncontended measures one Acquire and Release of a free key.
+func BenchmarkUncontended(b *testing.B) {
+	l := newLocker(b, testbed.Redises(b, 3))
+	ctx := context.Background()
+	for b.Loop() {
+		lease, err := l.Acquire(ctx, "uncontended")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHotKey8 measures handoffs of one key among 8 contenders, each
+// with its own Locker and connections, as if in 8 processes: ns/op is the
+// time per handoff.
+func BenchmarkHotKey8(b *testing.B) {
+	addrs := testbed.Redises(b, 3)
+	ctx := context.Background()
+	var (
+		left atomic.Int64
+		wg   sync.WaitGroup
+	)
+	left.Store(int64(b.N))
+	lockers := make([]*redlock.Locker, 8)
+	for i := range lockers {
+		lockers[i] = newLocker(b, addrs)
+	}
+	b.ResetTimer()
+	for _, l := range lockers {
+		wg.Go(func() {
+			for left.Add(-1) >= 0 {
+				lease, err := l.Acquire(ctx, "hot")
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if err := lease.Release(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// A waiter must be woken by the release message, not by its fallback timer:
+// with the timer and the holder's TTL far away, only the message is quick.
+func TestReleaseWakesWaiter(t *testing.T) {
+	addrs := testbed.Redises(t, 3)
+	noLeaks(t)
+	cfg := redlock.Config{TTL: time.Minute, MinBackoff: time.Minute, MaxBackoff: time.Minute}
+	holder, waiter := newLockerConfig(t, addrs, cfg), newLockerConfig(t, addrs, cfg)
+	for round := range 3 { // the later rounds find the subscriptions lingering
+		lease, err := holder.Acquire(t.Context(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			l, err := waiter.Acquire(t.Context(), "k")
+			if err == nil {
+				err = l.Release(context.Background())
+			}
+			got <- err
+		}()
+		time.Sleep(100 * time.Millisecond) // let it fail a try and subscribe
+		released := time.Now()
+		if err := lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("round %d: woken %v after the release", round, time.Since(released).Round(time.Microsecond))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the waiter was not woken by the release", round)
+		}
+	}
+}
+
+// A minority of nodes down costs nothing; a majority down is ErrUnavailable,
+// at once, not after the caller's deadline.
+func TestNodesDown(t *testing.T) {
+	if cmd := testbed.Missing(testbed.KindRedis); cmd != "" {
+		t.Skip(cmd)
+	}
+	var (
+		servers []*testbed.Server
+		addrs   []string
+	)
+	for range 3 {
+		s, err := testbed.StartRedis(t.Context(), testbed.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Stop() })
+		servers, addrs = append(servers, s), append(addrs, s.Addr)
+	}
+	noLeaks(t)
+	l := newLockerConfig(t, addrs, redlock.Config{TTL: time.Second})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	if err := servers[0].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("acquire with one node of three down: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("release with one node of three down: %v", err)
+	}
+
+	if err := servers[1].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if lease, err := l.Acquire(ctx, "k"); !errors.Is(err, locking.ErrUnavailable) {
+		if err == nil {
+			lease.Release(ctx)
+		}
+		t.Fatalf("acquire with two nodes of three down = %v, want ErrUnavailable", err)
+	}
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("ErrUnavailable came after %v", took)
+	}
+	if err := l.Ping(ctx); err == nil {
+		t.Error("Ping succeeds with two nodes of three down")
+	}
+}
+
+func newLockerConfig(t *testing.T, addrs []string, cfg redlock.Config) *redlock.Locker {
+	l, err := redlock.New(clients(t, addrs), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// noLeaks checks, after the test's cleanups, that it left no goroutines
+// behind; call it after starting the servers.
+func noLeaks(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		goleak.VerifyNone(t, before,
+			// go-redis probes a dead server every second; the probe ends at
+			// the first look after its client was closed.
+			goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+	})
+}
