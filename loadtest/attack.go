@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -46,6 +47,15 @@ type AttackResult struct {
 	Latency    Latency
 	OverTime   []Slice
 	OrderIDs   []string // the id of every order acknowledged with 201
+	Answers    []Answer // every answered request, in the order they ended
+}
+
+// Answer is one answered request: which SKU, what status, when it ended.
+type Answer struct {
+	SKU  string
+	Code int
+	Sent time.Time
+	End  time.Time
 }
 
 // sample is one finished request, kept until the attack ends.
@@ -110,6 +120,7 @@ func Attack(ctx context.Context, spec AttackSpec) (*AttackResult, error) {
 		} else {
 			out.Status[strconv.Itoa(int(res.Code))]++
 			samples = append(samples, sample{sent: res.Timestamp, latency: res.Latency, code: int(res.Code)})
+			out.Answers = append(out.Answers, Answer{SKU: skuOf(spec.SKUs, res.URL), Code: int(res.Code), Sent: res.Timestamp, End: res.End()})
 			if res.Code == http.StatusCreated {
 				out.OrderIDs = append(out.OrderIDs, orderID(res.Body))
 			}
@@ -150,7 +161,9 @@ func orderTargeter(spec AttackSpec) vegeta.Targeter {
 	return func(t *vegeta.Target) error {
 		n := seq.Add(1)
 		t.Method = http.MethodPost
-		t.URL = url
+		// The fragment never leaves the client: it tags the result with
+		// the request's number, hence its SKU (see skuOf).
+		t.URL = url + "#" + strconv.FormatUint(n, 10)
 		t.Body = bodies[(n-1)%uint64(len(bodies))]
 		t.Header = http.Header{
 			"Content-Type":    {"application/json"},
@@ -158,6 +171,16 @@ func orderTargeter(spec AttackSpec) vegeta.Targeter {
 		}
 		return nil
 	}
+}
+
+// skuOf is the SKU of the request whose target URL was u.
+func skuOf(skus []string, u string) string {
+	_, frag, _ := strings.Cut(u, "#")
+	n, err := strconv.ParseUint(frag, 10, 64)
+	if err != nil || n == 0 {
+		return ""
+	}
+	return skus[(n-1)%uint64(len(skus))]
 }
 
 // orderID reads the id of an order from a 201 body; ids may be numbers or

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -19,11 +20,12 @@ import (
 
 // FleetConfig describes N replicas of orderd that share one configuration.
 type FleetConfig struct {
-	Binary   string            // the orderd executable
-	Replicas int               // how many; they are named r1, r2, ...
-	Env      map[string]string // OVERSOLD_* settings for all; ADDR and INSTANCE are set per replica
-	LogDir   string            // each replica's stdout and stderr go to LogDir/<name>.log
-	Ready    time.Duration     // how long a replica may take to answer /readyz; 0 means 30s
+	Binary   string              // the orderd executable
+	Replicas int                 // how many; they are named r1, r2, ...
+	Env      map[string]string   // OVERSOLD_* settings for all; ADDR and INSTANCE are set per replica
+	Each     []map[string]string // Each[i], if any, adds to or overrides Env for replica i only
+	LogDir   string              // each replica's stdout and stderr go to LogDir/<name>.log
+	Ready    time.Duration       // how long a replica may take to answer /readyz; 0 means 30s
 }
 
 // Fleet is a set of running orderd processes. Faults act on its replicas one
@@ -39,6 +41,7 @@ type Replica struct {
 	Log  string // its log file
 
 	cfg  FleetConfig
+	env  map[string]string // cfg.Env with cfg.Each[i] over it
 	addr string
 
 	mu       sync.Mutex
@@ -74,6 +77,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 			URL:  "http://" + addr,
 			Log:  filepath.Join(cfg.LogDir, name+".log"),
 			cfg:  cfg,
+			env:  cfg.env(i),
 			addr: addr,
 		})
 	}
@@ -90,6 +94,19 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// env is replica i's settings: Env, then Each[i] over it.
+func (cfg FleetConfig) env(i int) map[string]string {
+	if i >= len(cfg.Each) || len(cfg.Each[i]) == 0 {
+		return cfg.Env
+	}
+	env := maps.Clone(cfg.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, cfg.Each[i])
+	return env
 }
 
 // URLs lists the replicas' base URLs.
@@ -138,7 +155,7 @@ func (r *Replica) Start(ctx context.Context) error {
 		return fmt.Errorf("replica %s: %w", r.Name, err)
 	}
 	cmd := exec.Command(r.cfg.Binary)
-	cmd.Env = replicaEnv(os.Environ(), r.cfg.Env, r.addr, r.Name)
+	cmd.Env = replicaEnv(os.Environ(), r.env, r.addr, r.Name)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {

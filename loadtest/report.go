@@ -80,6 +80,7 @@ func writeMarkdown(w io.Writer, rep Report) {
 	fmt.Fprintf(w, "Machine: %s.\n\n", rep.Machine)
 	writeMarkdownTable(w, rep.Results)
 	fmt.Fprintf(w, "\n%s\n", definitions)
+	writeFaultsMarkdown(w, rep.Results)
 	for _, r := range rep.Results {
 		if r.Error == "" && len(r.Notes) == 0 {
 			continue
@@ -146,7 +147,10 @@ func writeHTML(w io.Writer, rep Report) error {
 			barChart("Client latency per run", "ms", labels, []series{p50, p99}),
 			lineChart("p99 latency over time, by when requests were sent", "seconds", "ms", lines),
 		},
-		"Heads": heads,
-		"Rows":  rows,
+		"Heads":      heads,
+		"Rows":       rows,
+		"FaultHeads": FaultHeads,
+		"FaultRows":  FaultRows(rep.Results),
+		"FaultDefs":  strings.ReplaceAll(faultDefinitions, "*", ""),
 	})
 }

@@ -46,15 +46,37 @@ type Result struct {
 	Phases      Phases   `json:"phases_s"`
 	OverTime    []Slice  `json:"latency_over_time,omitempty"`
 	ReplicaLogs string   `json:"replica_logs,omitempty"` // folder of the replicas' stderr
+
+	// Fault runs (issue 5).
+
+	// NotApplicable: the fault does not apply to this backend; nothing ran.
+	NotApplicable bool `json:"not_applicable,omitempty"`
+	// Overlaps counts pairs of leases on one key held by two replicas at once,
+	// from the replicas' lease records.
+	Overlaps int `json:"overlaps"`
+	// Leases is how many lease records the replicas logged.
+	Leases int `json:"leases"`
+	// StaleWritesRefused is the writes MySQL's guard refused (version conflicts
+	// and stale fences): the replicas' oversold_guard_conflicts_total.
+	StaleWritesRefused int `json:"stale_writes_refused"`
+	// RecoveryMS is how long the service took to take orders again after the
+	// fault, where the scenario measures it.
+	RecoveryMS *float64 `json:"recovery_ms,omitempty"`
+	// FaultEvents says in words what the fault did, in order.
+	FaultEvents []string `json:"fault_events,omitempty"`
+	// Violations are properties the fault checked itself that did not hold;
+	// any makes the run unsafe.
+	Violations []string `json:"violations,omitempty"`
 }
 
 // Phases is how long each step of a run took, in seconds of wall time.
 type Phases struct {
-	Start float64 `json:"start"` // replicas started and ready
-	Reset float64 `json:"reset"` // stock and cache reset
-	Load  float64 `json:"load"`  // the attack (and fault)
-	Stop  float64 `json:"stop"`  // replicas stopped (metrics scraped before)
-	Check float64 `json:"check"` // invariants read from MySQL
+	Start   float64 `json:"start"`             // replicas started and ready
+	Reset   float64 `json:"reset"`             // stock and cache reset
+	Load    float64 `json:"load"`              // the attack (and fault)
+	Stop    float64 `json:"stop"`              // replicas stopped (metrics scraped before)
+	Check   float64 `json:"check"`             // invariants read from MySQL
+	Prepare float64 `json:"prepare,omitempty"` // the fault's own servers and proxies
 }
 
 // Latency holds client-side latency percentiles in milliseconds over every
@@ -99,6 +121,9 @@ func (r Result) Verdict() string {
 	if r.Error != "" {
 		return "FAILED: " + firstLine(r.Error)
 	}
+	if r.NotApplicable {
+		return "not applicable"
+	}
 	var bad []string
 	if r.Oversold > 0 {
 		bad = append(bad, fmt.Sprintf("OVERSOLD %d", r.Oversold))
@@ -111,6 +136,9 @@ func (r Result) Verdict() string {
 	}
 	if r.Duplicates > 0 {
 		bad = append(bad, fmt.Sprintf("%d DUPLICATES", r.Duplicates))
+	}
+	for _, v := range r.Violations {
+		bad = append(bad, "VIOLATED: "+v)
 	}
 	if len(bad) == 0 {
 		return "safe"

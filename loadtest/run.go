@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +21,14 @@ type Servers struct {
 	RedlockAddrs  []string
 	ZKServers     []string
 	EtcdEndpoints []string
+}
+
+// clone copies s, lists included, so a fault can change its run's copy.
+func (s Servers) clone() Servers {
+	s.RedlockAddrs = slices.Clone(s.RedlockAddrs)
+	s.ZKServers = slices.Clone(s.ZKServers)
+	s.EtcdEndpoints = slices.Clone(s.EtcdEndpoints)
+	return s
 }
 
 // Spec is one run of the experiment.
@@ -40,17 +50,113 @@ type Spec struct {
 // Name is the run's label, as in Result.Name.
 func (s Spec) Name() string { return Result{Backend: s.Backend, Guard: s.Guard, Fault: s.Fault}.Name() }
 
-// Fault disturbs a run while its load is in flight: it may pause, kill or
-// restart replicas through run.Fleet, or servers it holds itself. ctx ends
-// when the load ends; the fault must have undone what it did (resumed a paused
-// replica, say) by the time it returns. Its error is noted in the result.
-type Fault func(ctx context.Context, run *Run) error
+// Fault disturbs a run. Both steps are optional.
+type Fault struct {
+	// Prepare runs before the replicas start. It may start servers or proxies
+	// of its own, change run.Servers (what every replica is given) and set
+	// run.ReplicaEnv[i] (extra settings for replica i only, e.g. its lock
+	// server address through a proxy). The returned cleanup runs after the run.
+	Prepare func(ctx context.Context, run *Run) (cleanup func(), err error)
+	// Inject runs while the load is in flight; ctx ends when the load ends.
+	// It must have undone what it did (resumed a paused replica) by the time it returns.
+	Inject func(ctx context.Context, run *Run) error
+	// Backends lists the lock backends the scenario applies to; nil means all.
+	// A run on another backend is reported as not applicable, not as a failure.
+	Backends []string
+}
+
+// Applies reports whether the fault makes sense for backend.
+func (f Fault) Applies(backend string) bool {
+	return f.Backends == nil || slices.Contains(f.Backends, backend)
+}
 
 // Run is what a Fault can act on.
 type Run struct {
-	Spec  Spec
-	Fleet *Fleet     // nil when the Runner has a Target
-	Rand  *rand.Rand // seeded from Spec.Seed: a fault's choices repeat with it
+	Spec    Spec
+	Servers Servers // a copy of the Runner's; Prepare may change it for this run
+	// ReplicaEnv holds extra settings for replica i only (len = Spec.Replicas);
+	// they override the shared ones.
+	ReplicaEnv []map[string]string
+	Fleet      *Fleet     // nil when the Runner has a Target
+	Rand       *rand.Rand // seeded from Spec.Seed: a fault's choices repeat with it
+
+	// Set before Inject runs:
+	Target    string   // the balancer's URL
+	SKUs      []string // the run's SKUs, stock reset
+	KeyPrefix string   // the attack's Idempotency-Keys start with it
+	// FaultSKU is a SKU of the fault's own, stock reset like the others
+	// but never ordered by the load: orders a fault drives itself go there
+	// (the load may have sold the others out). Its invariants are checked
+	// too; only their violations are added to the result's counts.
+	FaultSKU string
+
+	mu         sync.Mutex
+	events     []string
+	violations []string
+	disrupted  []disruption
+	acked      []string
+}
+
+type disruption struct {
+	sku string
+	at  time.Time
+}
+
+// Eventf notes what the fault did, in words, for the report.
+func (r *Run) Eventf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, fmt.Sprintf(format, args...))
+}
+
+// Violatedf notes a property the fault checked itself that did not hold
+// (a retried key that did not return its order, say): the run is not safe.
+func (r *Run) Violatedf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.violations = append(r.violations, fmt.Sprintf(format, args...))
+}
+
+// Disrupted marks the moment the fault took orders on sku ("" for every
+// SKU) down. The run's recovery_ms is the longest wait, over these marks, for
+// the next order on that SKU decided by the service (a 201, or a 409 once
+// the stock is gone): the time until a replica holds the lock again.
+func (r *Run) Disrupted(sku string, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.disrupted = append(r.disrupted, disruption{sku, at})
+}
+
+// Acked adds orders the fault itself placed and saw acknowledged to those
+// the invariant check expects in MySQL.
+func (r *Run) Acked(ids ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.acked = append(r.acked, ids...)
+}
+
+// recovery is the longest time from a Disrupted mark to the next decided
+// answer on its SKU; ok is false when there was no mark, and unrecovered
+// counts marks no answer followed before the load ended.
+func (r *Run) recovery(answers []Answer) (worst time.Duration, ok bool, unrecovered int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, d := range r.disrupted {
+		var next time.Time
+		for _, a := range answers {
+			decided := a.Code == http.StatusCreated || a.Code == http.StatusConflict
+			if decided && (d.sku == "" || a.SKU == d.sku) && a.End.After(d.at) && (next.IsZero() || a.End.Before(next)) {
+				next = a.End
+			}
+		}
+		if next.IsZero() {
+			unrecovered++
+			continue
+		}
+		ok = true
+		worst = max(worst, next.Sub(d.at))
+	}
+	return worst, ok, unrecovered
 }
 
 // Runner runs Specs one after another against the same servers. Each run
@@ -107,17 +213,39 @@ func (r *Result) settle(err error) {
 	if err != nil {
 		r.Error = err.Error()
 	}
-	r.Safe = r.Error == "" && r.Oversold == 0 && r.LostUpdates == 0 && r.LostAcks == 0 && r.Duplicates == 0
+	r.Safe = r.Error == "" && !r.NotApplicable && r.Oversold == 0 && r.LostUpdates == 0 && r.LostAcks == 0 && r.Duplicates == 0 && len(r.Violations) == 0
 }
 
 func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, progress func(int)) error {
 	var fault Fault
 	if spec.Fault != "" {
-		if fault = rn.Faults[spec.Fault]; fault == nil {
+		var ok bool
+		if fault, ok = rn.Faults[spec.Fault]; !ok {
 			return fmt.Errorf("unknown fault %q", spec.Fault)
 		}
+		if !fault.Applies(spec.Backend) {
+			res.NotApplicable = true
+			res.Notes = append(res.Notes, fmt.Sprintf("fault %s does not apply to backend %s (only %s)", spec.Fault, spec.Backend, strings.Join(fault.Backends, ", ")))
+			return nil
+		}
 	}
-	run := &Run{Spec: spec, Rand: rand.New(rand.NewPCG(uint64(spec.Seed), uint64(n)))}
+	run := &Run{
+		Spec:       spec,
+		Servers:    rn.Servers.clone(),
+		ReplicaEnv: make([]map[string]string, max(spec.Replicas, 0)),
+		Rand:       rand.New(rand.NewPCG(uint64(spec.Seed), uint64(n))),
+	}
+	if fault.Prepare != nil {
+		t0 := time.Now()
+		cleanup, err := fault.Prepare(ctx, run)
+		res.Phases.Prepare = since(t0)
+		if err != nil {
+			return fmt.Errorf("fault %s: prepare: %w", spec.Fault, err)
+		}
+		if cleanup != nil {
+			defer cleanup()
+		}
+	}
 	base := rn.Target
 	closeBalancer := func() {}
 	if base == "" {
@@ -143,7 +271,15 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 			return err
 		}
 	}
+	if spec.Fault != "" {
+		run.FaultSKU = fmt.Sprintf("fault-%s-%02d", rn.ID, n)
+		if err := ResetStock(ctx, base, rn.AdminToken, run.FaultSKU, spec.Stock); err != nil {
+			return err
+		}
+	}
 	res.Phases.Reset = since(t0)
+	keyPrefix := fmt.Sprintf("%s-%02d", rn.ID, n)
+	run.Target, run.SKUs, run.KeyPrefix = base, skus, keyPrefix
 
 	atk, err := rn.load(ctx, run, fault, AttackSpec{
 		Target:    base,
@@ -152,7 +288,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		Rate:      spec.Rate,
 		Workers:   spec.Workers,
 		Timeout:   requestTimeout,
-		KeyPrefix: fmt.Sprintf("%s-%02d", rn.ID, n),
+		KeyPrefix: keyPrefix,
 		Progress:  progress,
 	}, res)
 	if err != nil {
@@ -172,16 +308,39 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		if crashed := run.Fleet.Crashed(); crashed != "" && spec.Fault == "" {
 			res.Notes = append(res.Notes, crashed)
 		}
+		res.StaleWritesRefused = m.Conflicts
 		// Stop before checking: a request still inside a replica could
 		// otherwise commit after the check.
 		rn.stopFleet(ctx, run, res)
+		leases, err := ReadLeases(res.ReplicaLogs)
+		if err != nil {
+			res.Notes = append(res.Notes, "lease records: "+err.Error())
+		}
+		ov := Overlaps(leases)
+		res.Leases, res.Overlaps = len(leases), len(ov)
+		for _, o := range ov[:min(len(ov), 3)] {
+			res.Notes = append(res.Notes, "two holders: "+o.String())
+		}
 	} else {
 		res.Notes = append(res.Notes, "replicas not started by the lab: backend, guard and replicas are as given, not verified")
 	}
 
 	t0 = time.Now()
+	run.mu.Lock()
+	faultAcked := slices.Clone(run.acked)
+	res.FaultEvents = slices.Clone(run.events)
+	res.Violations = slices.Clone(run.violations)
+	run.mu.Unlock()
+	if d, ok, unrecovered := run.recovery(atk.Answers); ok || unrecovered > 0 {
+		if ok {
+			ms := round(float64(d) / float64(time.Millisecond))
+			res.RecoveryMS = &ms
+		}
+		if unrecovered > 0 {
+			res.Notes = append(res.Notes, fmt.Sprintf("%d disruptions with no order decided after them before the load ended", unrecovered))
+		}
+	}
 	inv, err := Check(ctx, rn.DB, Expect{SKUs: skus, InitialStock: spec.Stock, Acked: atk.OrderIDs})
-	res.Phases.Check = since(t0)
 	if err != nil {
 		return err
 	}
@@ -190,6 +349,20 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	if len(inv.MissingIDs) > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("acknowledged but not in MySQL: %q", inv.MissingIDs))
 	}
+	if run.FaultSKU != "" {
+		own, err := Check(ctx, rn.DB, Expect{SKUs: []string{run.FaultSKU}, InitialStock: spec.Stock, Acked: faultAcked})
+		if err != nil {
+			return err
+		}
+		res.Oversold += own.Oversold
+		res.LostUpdates += own.LostUpdates
+		res.LostAcks += own.LostAcks
+		res.Duplicates += own.Duplicates
+		if len(own.MissingIDs) > 0 {
+			res.Notes = append(res.Notes, fmt.Sprintf("acknowledged to the fault but not in MySQL: %q", own.MissingIDs))
+		}
+	}
+	res.Phases.Check = since(t0)
 	return nil
 }
 
@@ -201,7 +374,8 @@ func (rn *Runner) startFleet(ctx context.Context, n int64, run *Run, res *Result
 	fleet, err := StartFleet(ctx, FleetConfig{
 		Binary:   rn.Binary,
 		Replicas: spec.Replicas,
-		Env:      rn.replicaEnv(spec),
+		Env:      rn.replicaEnv(spec, run.Servers),
+		Each:     run.ReplicaEnv,
 		LogDir:   res.ReplicaLogs,
 	})
 	res.Phases.Start = since(t0)
@@ -241,8 +415,8 @@ func (rn *Runner) load(ctx context.Context, run *Run, fault Fault, spec AttackSp
 	defer cancel()
 	faultCtx, endFault := context.WithCancel(loadCtx)
 	faultDone := make(chan error, 1)
-	if fault != nil {
-		go func() { faultDone <- fault(faultCtx, run) }()
+	if fault.Inject != nil {
+		go func() { faultDone <- fault.Inject(faultCtx, run) }()
 	} else {
 		faultDone <- nil
 	}
@@ -274,24 +448,24 @@ func (rn *Runner) load(ctx context.Context, run *Run, fault Fault, spec AttackSp
 }
 
 // replicaEnv is orderd's configuration for spec (DESIGN.md's variables).
-func (rn *Runner) replicaEnv(spec Spec) map[string]string {
+func (rn *Runner) replicaEnv(spec Spec, srv Servers) map[string]string {
 	env := map[string]string{
 		"OVERSOLD_LOCK":        spec.Backend,
 		"OVERSOLD_GUARD":       spec.Guard,
 		"OVERSOLD_LOCK_TTL":    spec.LockTTL.String(),
 		"OVERSOLD_WORK_DELAY":  spec.WorkDelay.String(),
 		"OVERSOLD_ADMIN_TOKEN": rn.AdminToken,
-		"OVERSOLD_MYSQL_DSN":   rn.Servers.MySQLDSN,
+		"OVERSOLD_MYSQL_DSN":   srv.MySQLDSN,
 	}
 	set := func(k, v string) {
 		if v != "" {
 			env[k] = v
 		}
 	}
-	set("OVERSOLD_REDIS_ADDR", rn.Servers.RedisAddr)
-	set("OVERSOLD_REDLOCK_ADDRS", strings.Join(rn.Servers.RedlockAddrs, ","))
-	set("OVERSOLD_ZK_SERVERS", strings.Join(rn.Servers.ZKServers, ","))
-	set("OVERSOLD_ETCD_ENDPOINTS", strings.Join(rn.Servers.EtcdEndpoints, ","))
+	set("OVERSOLD_REDIS_ADDR", srv.RedisAddr)
+	set("OVERSOLD_REDLOCK_ADDRS", strings.Join(srv.RedlockAddrs, ","))
+	set("OVERSOLD_ZK_SERVERS", strings.Join(srv.ZKServers, ","))
+	set("OVERSOLD_ETCD_ENDPOINTS", strings.Join(srv.EtcdEndpoints, ","))
 	for k, v := range rn.Env {
 		env[k] = v
 	}

@@ -43,6 +43,7 @@ func (s *Service) routes() http.Handler {
 	e.GET("/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
 	e.GET("/readyz", s.readyz)
 	e.GET("/metrics", echo.WrapHandler(s.metrics.Handler()))
+	e.GET("/openapi.json", serveOpenAPI)
 	return e
 }
 

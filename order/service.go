@@ -45,6 +45,35 @@ type Config struct {
 	AdminToken string
 	Logger     *slog.Logger // nil: no logs
 	Metrics    *Metrics     // nil: NewMetrics(Instance, Lock, Guard)
+	// FaultHook is for the lab only, nil elsewhere: the flow calls it, and
+	// waits for it, at the points named by the Hook* constants, so the lab
+	// can pause or kill the replica at an exact step of the flow.
+	FaultHook func(ctx context.Context, at HookPoint, h HookInfo)
+}
+
+// HookPoint names where in the flow Config.FaultHook is called.
+type HookPoint string
+
+const (
+	// HookBeforeWrite: the lease is held and the stock read (steps 2 to
+	// 5 done); nothing is written yet.
+	HookBeforeWrite HookPoint = "before-write"
+	// HookBeforeCommit: inside step 6's transaction, after the guarded
+	// write and the order insert and after the last Lost() check, just
+	// before COMMIT: the last moment a pause can still make the write land
+	// after the lease expired (Kleppmann's GC pause, which no check made
+	// before it can see).
+	HookBeforeCommit HookPoint = "before-commit"
+	// HookAfterCommit: step 6 committed and step 7 done, before the
+	// release and the reply.
+	HookAfterCommit HookPoint = "after-commit"
+)
+
+// HookInfo is what the flow tells Config.FaultHook about the order.
+type HookInfo struct {
+	SKU   string
+	Key   string // Idempotency-Key, or ""
+	Token uint64 // the lease's fencing token, 0 without one
 }
 
 // Service is one replica of the order service. Its methods are safe for
@@ -58,10 +87,6 @@ type Service struct {
 	metrics *Metrics
 	admin   [sha256.Size]byte // hash of the admin token, for a constant-time compare
 	handler http.Handler
-
-	// beforeWrite, if set, runs between steps 5 and 6: the place where the
-	// lab injects a pause. Nil outside the lab.
-	beforeWrite func(ctx context.Context)
 
 	stopOnce  sync.Once
 	stop      chan struct{} // ends the heartbeat
@@ -140,8 +165,9 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 			return Order{}, false, err
 		}
 		// 8. release, once everything below (commit included) is done.
-		// time.Now() is evaluated here: the hold starts at the grant.
-		defer s.release(ctx, lease, time.Now())
+		// The hold starts at the grant.
+		held := s.hold(lease)
+		defer s.release(ctx, lease, held)
 	}
 
 	// 3. stock from the cache
@@ -159,9 +185,7 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 	if err := sleep(ctx, s.cfg.WorkDelay); err != nil {
 		return Order{}, false, err
 	}
-	if s.beforeWrite != nil {
-		s.beforeWrite(ctx)
-	}
+	s.hook(ctx, HookBeforeWrite, req, lease)
 
 	// 6. the guarded write and the order, in one transaction
 	placed, inv, err := s.write(ctx, req, item, lease)
@@ -177,6 +201,7 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 	if err := s.cache.Set(cctx, toItem(inv)); err != nil {
 		s.log.Warn("cache update after commit failed", "sku", req.SKU, "order_id", placed.ID, "err", err)
 	}
+	s.hook(ctx, HookAfterCommit, req, lease)
 	return fromStorage(placed), false, nil
 }
 
@@ -208,6 +233,7 @@ func (s *Service) write(ctx context.Context, req Request, seen inventory.Item, l
 		if lost(lease) {
 			return fmt.Errorf("%w before the commit", ErrLockLost)
 		}
+		s.hook(ctx, HookBeforeCommit, req, lease)
 		return nil
 	})
 	return o, inv, err
@@ -259,17 +285,82 @@ func (s *Service) acquire(ctx context.Context, sku string) (locking.Lease, error
 
 // release is step 8. It runs last, after the commit if there was one, on a
 // context of its own: a lock left behind would block the SKU until its TTL.
-func (s *Service) release(ctx context.Context, lease locking.Lease, granted time.Time) {
-	if lost(lease) {
+func (s *Service) release(ctx context.Context, lease locking.Lease, h *holding) {
+	lostAt := h.end(lease)
+	if lostAt != nil {
 		s.metrics.leasesLost.Inc()
 	}
+	released := time.Now() // we stop relying on the lease here, before the server frees it
 	ctx, cancel := afterCommit(ctx)
 	defer cancel()
 	err := lease.Release(ctx)
-	s.metrics.lockHold.Observe(time.Since(granted).Seconds())
+	s.metrics.lockHold.Observe(time.Since(h.granted).Seconds())
 	if err != nil {
 		s.log.Warn("lock release failed", "key", lease.Key(), "err", err)
 	}
+	// The lease record: the lab pairs these across replicas to count two
+	// holders at once (same machine, same clock).
+	attrs := []any{"key", lease.Key(), "token", lease.Token(), "acquired_at", h.granted, "lost", lostAt != nil}
+	if lostAt != nil {
+		attrs = append(attrs, "lost_at", *lostAt)
+	} else {
+		attrs = append(attrs, "released_at", released)
+	}
+	s.log.Info(LeaseRecord, attrs...)
+}
+
+// LeaseRecord is the message of the log line each replica writes per lease
+// it held: key, token, acquired_at, then released_at, or lost_at with lost
+// true when the lease was lost while held.
+const LeaseRecord = "lease"
+
+// holding is a lease from its grant on: when it was granted and when, if
+// ever, the replica saw it lost.
+type holding struct {
+	granted time.Time
+	stop    chan struct{}
+	done    chan struct{}
+	lostAt  *time.Time // set by the watcher before done closes
+}
+
+// hold starts watching lease's Lost until release, so the lease record says
+// when the holder learned of the loss: a holder paused past its TTL learns
+// it only when it runs again.
+func (s *Service) hold(lease locking.Lease) *holding {
+	h := &holding{granted: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		select {
+		case <-lease.Lost():
+			t := time.Now()
+			h.lostAt = &t
+		case <-h.stop:
+		}
+	}()
+	return h
+}
+
+// end stops the watcher and returns when the lease was seen lost, or nil.
+func (h *holding) end(lease locking.Lease) *time.Time {
+	close(h.stop)
+	<-h.done
+	if h.lostAt == nil && lost(lease) { // closed as the watcher stopped
+		t := time.Now()
+		h.lostAt = &t
+	}
+	return h.lostAt
+}
+
+// hook calls Config.FaultHook, if set (the lab only).
+func (s *Service) hook(ctx context.Context, at HookPoint, req Request, lease locking.Lease) {
+	if s.cfg.FaultHook == nil {
+		return
+	}
+	h := HookInfo{SKU: req.SKU, Key: req.Key}
+	if lease != nil {
+		h.Token = lease.Token()
+	}
+	s.cfg.FaultHook(ctx, at, h)
 }
 
 // afterCommit returns a context for the work that follows a commit (steps

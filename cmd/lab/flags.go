@@ -5,12 +5,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/oversold-lab/oversold/loadtest"
+	"github.com/oversold-lab/oversold/loadtest/faults"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/storage"
 )
@@ -33,6 +35,8 @@ type config struct {
 	out              string
 	json             bool
 	seed             int64
+	faults           []string // scenarios, each run on every backend and guard
+	repeat           int      // runs of each configuration, seeds seed, seed+1, ...
 }
 
 // usageError is a bad command line: exit status 2, one line naming the flag.
@@ -88,6 +92,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.out, "out", "lab-report", "report folder")
 	fs.BoolVar(&c.json, "json", false, "print the results array on stdout, and nothing else there")
 	fs.Int64Var(&c.seed, "seed", 1, "seed for the lab's random choices (fault timing)")
+	var faultList string
+	fs.StringVar(&faultList, "fault", "", "comma-separated fault scenarios: "+strings.Join(faultNames(), ",")+
+		"\n(with a fault, --guards defaults to none,version,fencing and --backends to all)")
+	fs.IntVar(&c.repeat, "repeat", 1, "runs of each configuration, with seeds --seed, --seed+1, ...")
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -111,7 +119,17 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if c.guards, err = list("guards", guardList, given["guards"], guardNames()); err != nil {
 		return c, err
 	}
+	if c.faults, err = list("fault", faultList, given["fault"], faultNames()); err != nil {
+		return c, err
+	}
 	switch {
+	case c.faults != nil && !given["guards"]:
+		c.guards = []string{"none", "version", "fencing"}
+		if !given["backends"] {
+			c.backends = slices.Clone(backends.Names)
+		}
+	case c.faults != nil && !given["backends"]:
+		c.backends = slices.Clone(backends.Names)
 	case !given["backends"] && !given["guards"]:
 		// the default experiment: see specs
 	case !given["backends"]:
@@ -125,7 +143,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		v    int
 		min  int
 	}{{"replicas", c.replicas, 1}, {"stock", c.stock, 1}, {"requests", c.requests, 1},
-		{"rate", c.rate, 1}, {"workers", c.workers, 1}, {"skus", c.skus, 1}} {
+		{"rate", c.rate, 1}, {"workers", c.workers, 1}, {"skus", c.skus, 1}, {"repeat", c.repeat, 1}} {
 		if n.v < n.min {
 			return c, badFlag(n.name, "must be at least %d, got %d", n.min, n.v)
 		}
@@ -154,6 +172,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		if c.orderd != "" {
 			return c, badFlag("orderd", "not used with --target, whose replicas already run")
 		}
+		if c.faults != nil {
+			return c, badFlag("fault", "needs replicas the lab starts itself: not with --target")
+		}
 	}
 	return c, nil
 }
@@ -176,6 +197,13 @@ func list(name, value string, given bool, known []string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// faultNames lists the scenarios, sorted.
+func faultNames() []string {
+	names := slices.Collect(maps.Keys(faults.All()))
+	slices.Sort(names)
+	return names
 }
 
 func guardNames() []string {
@@ -202,12 +230,20 @@ func (c config) specs() []loadtest.Spec {
 			}
 		}
 	}
-	specs := make([]loadtest.Spec, len(pairs))
-	for i, p := range pairs {
-		specs[i] = loadtest.Spec{
-			Backend: p.backend, Guard: p.guard, Replicas: c.replicas,
-			Stock: c.stock, SKUs: c.skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
-			WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: c.seed,
+	faults := c.faults
+	if faults == nil {
+		faults = []string{""}
+	}
+	var specs []loadtest.Spec
+	for _, f := range faults {
+		for _, p := range pairs {
+			for i := range max(c.repeat, 1) {
+				specs = append(specs, loadtest.Spec{
+					Backend: p.backend, Guard: p.guard, Replicas: c.replicas, Fault: f,
+					Stock: c.stock, SKUs: c.skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
+					WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: c.seed + int64(i),
+				})
+			}
 		}
 	}
 	return specs

@@ -49,6 +49,7 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 
 	"github.com/oversold-lab/oversold/loadtest"
+	"github.com/oversold-lab/oversold/loadtest/faults"
 )
 
 // Exit statuses (DESIGN.md).
@@ -94,6 +95,7 @@ func lab(ctx context.Context, cfg config, args []string, stdout, stderr io.Write
 		Target: cfg.target,
 		Out:    cfg.out,
 		ID:     labID(),
+		Faults: faults.All(),
 	}
 	var fleet *fleetServers
 	if cfg.target != "" {
@@ -154,6 +156,15 @@ func lab(ctx context.Context, cfg config, args []string, stdout, stderr io.Write
 	}
 	fmt.Fprintln(stderr)
 	loadtest.WriteTable(stderr, results)
+	if slices.ContainsFunc(results, func(r loadtest.Result) bool { return r.Fault != "" }) {
+		fmt.Fprintln(stderr)
+		loadtest.WriteFaultTable(stderr, results)
+		for _, r := range results {
+			if r.Fault != "" {
+				fmt.Fprintf(stderr, "  %s (seed %d): %s\n", r.Name(), r.Seed, r.Story())
+			}
+		}
+	}
 	fmt.Fprintf(stderr, "\n%s, %s wall time\nreport: %s\n", rep.Machine, rep.Wall.Round(time.Second),
 		filepath.Join(cfg.out, loadtest.ReportHTML))
 	if cfg.keep && fleet != nil {

@@ -1,0 +1,175 @@
+package faults
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/oversold-lab/oversold/loadtest"
+)
+
+// CrashAfterCommit kills a replica after its order committed and before it
+// answered, then retries the same Idempotency-Key on another replica, as a
+// client whose connection died would. The fault drives that one order
+// itself, alongside the load, on the run's fault SKU (the load may have
+// sold the others out): it goes straight to the seeded victim, which
+// is killed (SIGKILL) at the hook after COMMIT (and after the cache update,
+// before the release and the reply). The retry must answer 200 with the
+// order MySQL holds for the key, one order for the key, one decrement: the
+// dedupe lives in the order transaction (a UNIQUE key), not beside it. The
+// victim is started again afterwards.
+func CrashAfterCommit() loadtest.Fault {
+	var runs perRun[*insideHook]
+	return loadtest.Fault{
+		Prepare: hookPrepare(&runs),
+		Inject: func(ctx context.Context, run *loadtest.Run) error {
+			hook, err := runs.get(run)
+			if err != nil {
+				return err
+			}
+			r, err := victimOf(run)
+			if err != nil {
+				return err
+			}
+			// Let the load get underway first.
+			c, err := nth(ctx, hook, warmup(run), at(atBeforeWrite, ""))
+			if err != nil {
+				eventf(run, "the load ended before it got underway")
+				return nil
+			}
+			c.Answer()
+
+			key, sku := run.KeyPrefix+"-crash", run.FaultSKU
+			client := &http.Client{Timeout: 30 * time.Second}
+			defer client.CloseIdleConnections()
+			first := make(chan placed, 1)
+			go func() { first <- place(ctx, client, r.URL, sku, key) }()
+
+			wait, cancel := context.WithCancel(ctx)
+			var victim *hookCall
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				victim, _ = hook.next(wait, func(c *hookCall) bool { return c.At == atAfterCommit && c.Key == key })
+			}()
+			var p placed
+			answered := false
+			select {
+			case <-done:
+			case p = <-first: // answered without committing: out of stock, lock timeout
+				answered = true
+				cancel()
+				<-done
+			}
+			cancel()
+			if victim == nil {
+				if !answered {
+					p = <-first
+				}
+				eventf(run, "the fault's own order %s on %s did not commit (status %d, %v): nothing to crash", key, r.Name, p.status, p.err)
+				return nil
+			}
+			t0 := time.Now()
+			err = r.Kill()
+			victim.Answer()
+			if err != nil {
+				return fmt.Errorf("kill %s: %w", r.Name, err)
+			}
+			eventf(run, "%s killed (SIGKILL) after committing order key %s, before answering", victim, key)
+			if p = <-first; p.status != 0 {
+				run.Violatedf("the killed replica answered %d", p.status)
+			}
+
+			// The client retries the key on the next replica, a few times.
+			other := run.Fleet.Replicas[(indexOf(run, r)+1)%len(run.Fleet.Replicas)]
+			var retry placed
+			for try := range 5 {
+				if retry = place(ctx, client, other.URL, sku, key); retry.status != 0 && retry.status < 500 {
+					break
+				}
+				if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
+					break
+				}
+			}
+			switch {
+			case retry.status == http.StatusOK:
+				eventf(run, "the retry on %s answered 200 with order %s", other.Name, retry.id)
+				run.Acked(retry.id)
+			case retry.status == 0:
+				run.Violatedf("the retry on %s got no answer: %s", other.Name, retry.err)
+			default:
+				run.Violatedf("the retry on %s answered %d, want 200 and the committed order", other.Name, retry.status)
+			}
+			n, err := ordersWithKey(ctx, run.Servers.MySQLDSN, key)
+			if err != nil {
+				return err
+			}
+			if n != 1 {
+				run.Violatedf("MySQL holds %d orders for key %s, want 1", n, key)
+			} else {
+				eventf(run, "MySQL holds exactly one order for the key")
+			}
+
+			if err := r.Start(ctx); err != nil && ctx.Err() == nil {
+				return fmt.Errorf("restart %s: %w", r.Name, err)
+			}
+			eventf(run, "%s started again %s after the kill", r.Name, since(t0))
+			return nil
+		},
+	}
+}
+
+// placed is what one POST /v1/orders got: status 0 when no answer came.
+type placed struct {
+	status int
+	id     string
+	err    error
+}
+
+// place sends one order of quantity 1 to base with key.
+func place(ctx context.Context, client *http.Client, base, sku, key string) placed {
+	body, _ := json.Marshal(map[string]any{"sku": sku, "quantity": 1})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/orders", bytes.NewReader(body))
+	if err != nil {
+		return placed{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := client.Do(req)
+	if err != nil {
+		return placed{err: err}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var o struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(b, &o)
+	return placed{status: resp.StatusCode, id: o.ID}
+}
+
+// ordersWithKey counts the orders MySQL holds for an Idempotency-Key.
+func ordersWithKey(ctx context.Context, dsn, key string) (int, error) {
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var n int
+	err = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM orders WHERE idempotency_key = ?", key).Scan(&n)
+	return n, err
+}
+
+func indexOf(run *loadtest.Run, r *loadtest.Replica) int {
+	for i, x := range run.Fleet.Replicas {
+		if x == r {
+			return i
+		}
+	}
+	return 0
+}

@@ -1,0 +1,210 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/oversold-lab/oversold/loadtest"
+)
+
+// Hook points, as orderd names them (order.HookPoint) in its fault hook's
+// "at" parameter.
+const (
+	atBeforeWrite  = "before-write"  // lease held, stock read, nothing written
+	atBeforeCommit = "before-commit" // guarded write done, last Lost check passed, COMMIT next
+	atAfterCommit  = "after-commit"
+)
+
+// hookCall is one call of a replica's fault hook (OVERSOLD_FAULT_HOOK): the
+// replica waits at that point of its order flow until the call is answered.
+type hookCall struct {
+	At      string
+	Replica string // OVERSOLD_INSTANCE: r1, r2, ...
+	SKU     string
+	Token   uint64
+	Key     string // the order's Idempotency-Key
+	Arrived time.Time
+
+	answer chan struct{}
+	once   sync.Once
+}
+
+// Answer lets the replica go on. It is safe to call more than once.
+func (c *hookCall) Answer() { c.once.Do(func() { close(c.answer) }) }
+
+func (c *hookCall) String() string {
+	return fmt.Sprintf("%s at %s on %s (token %d)", c.Replica, c.At, c.SKU, c.Token)
+}
+
+// insideHook is the lab's end of orderd's fault hook for the server and
+// network faults: it tells a fault exactly when a replica is inside its
+// critical section, holding a lease, and can keep it there (not paused:
+// its watchdog and session go on) while the fault works on a server or a
+// path. Calls no fault is waiting for are answered at once.
+type insideHook struct {
+	URL string
+
+	srv     *http.Server
+	calls   chan *hookCall
+	closing chan struct{}
+	served  chan struct{}
+}
+
+// startInsideHook serves the hook on a free loopback port.
+func startInsideHook() (*insideHook, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("fault hook: %w", err)
+	}
+	h := &insideHook{
+		URL:     "http://" + ln.Addr().String() + "/inside",
+		calls:   make(chan *hookCall),
+		closing: make(chan struct{}),
+		served:  make(chan struct{}),
+	}
+	h.srv = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		defer close(h.served)
+		_ = h.srv.Serve(ln)
+	}()
+	return h, nil
+}
+
+func (h *insideHook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	token, _ := strconv.ParseUint(q.Get("token"), 10, 64)
+	c := &hookCall{
+		At: q.Get("at"), Replica: q.Get("replica"), SKU: q.Get("sku"), Token: token, Key: q.Get("key"),
+		Arrived: time.Now(), answer: make(chan struct{}),
+	}
+	if c.At == "" {
+		c.At = atBeforeWrite
+	}
+	select {
+	case h.calls <- c:
+		select {
+		case <-c.answer:
+		case <-h.closing:
+		case <-r.Context().Done():
+		}
+	default: // no fault waiting: go on at once
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// next waits for a call that match accepts (nil: any), answering every other
+// call at once. The caller must Answer the call it gets.
+func (h *insideHook) next(ctx context.Context, match func(*hookCall) bool) (*hookCall, error) {
+	for {
+		select {
+		case c := <-h.calls:
+			if match == nil || match(c) {
+				return c, nil
+			}
+			c.Answer()
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Close answers every waiting call and stops serving.
+func (h *insideHook) Close() {
+	close(h.closing)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = h.srv.Shutdown(ctx)
+	<-h.served
+}
+
+// hookEveryReplica points every replica of run at h. Each replica calls it
+// at every hook point of every order; a call nobody waits for costs one
+// loopback round trip.
+func hookEveryReplica(run *loadtest.Run, h *insideHook) {
+	for i := range run.ReplicaEnv {
+		hookReplica(run, i, h)
+	}
+}
+
+// hookReplica points replica i only at h.
+func hookReplica(run *loadtest.Run, i int, h *insideHook) {
+	if run.ReplicaEnv[i] == nil {
+		run.ReplicaEnv[i] = map[string]string{}
+	}
+	run.ReplicaEnv[i]["OVERSOLD_FAULT_HOOK"] = h.URL
+}
+
+// at matches calls at one hook point, optionally from one replica.
+func at(point, replica string) func(*hookCall) bool {
+	return func(c *hookCall) bool { return c.At == point && (replica == "" || c.Replica == replica) }
+}
+
+// secondHolder matches a call before the write on the same SKU by another
+// order than first: another lease on the same key, granted while first is
+// still inside.
+func secondHolder(first *hookCall) func(*hookCall) bool {
+	return func(c *hookCall) bool {
+		return c.At == atBeforeWrite && c.SKU == first.SKU && (c.Replica != first.Replica || c.Token != first.Token || c.Token == 0)
+	}
+}
+
+// perRun keeps what a fault's Prepare made for its Inject, by run (a Fault
+// value is shared by every run of a lab).
+type perRun[T any] struct {
+	mu sync.Mutex
+	m  map[*loadtest.Run]T
+}
+
+func (p *perRun[T]) put(run *loadtest.Run, v T) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[*loadtest.Run]T{}
+	}
+	p.m[run] = v
+}
+
+func (p *perRun[T]) get(run *loadtest.Run) (T, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v, ok := p.m[run]
+	if !ok {
+		return v, errors.New("fault not prepared for this run")
+	}
+	return v, nil
+}
+
+func (p *perRun[T]) drop(run *loadtest.Run) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.m, run)
+}
+
+// sleepCtx waits d or until ctx ends, and says which.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ttl is the run's lease TTL (orderd's default when the spec leaves it 0).
+func ttl(run *loadtest.Run) time.Duration {
+	if run.Spec.LockTTL > 0 {
+		return run.Spec.LockTTL
+	}
+	return 10 * time.Second
+}
+
+// eventf records, in words, what the fault did, for the run's report.
+func eventf(run *loadtest.Run, format string, args ...any) { run.Eventf(format, args...) }

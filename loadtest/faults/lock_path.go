@@ -1,0 +1,133 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/oversold-lab/oversold/loadtest"
+)
+
+// victim is the replica whose paths the network faults disturb: r1. Only it
+// gets proxies; the others keep their direct paths, as in a partial
+// partition.
+const victim = 0
+
+// lockPathFault cuts or slows the victim's path to its lock server while it
+// is inside its critical section, holds it there until its lease must be
+// lost (Lost closes when the validity of the last confirmed renewal runs
+// out, at most one TTL later, before the server can expire the lease), then
+// heals the path and lets the victim go on. The victim must see Lost and
+// abort without writing (409 lock_lost): no invariant breaks, even with
+// guard none. What differs between scenarios is the toxic: latency beyond
+// the TTL (renewals time out) or a blackhole (a partition).
+func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
+	type state struct {
+		hook *insideHook
+		ps   proxies
+	}
+	var runs perRun[state]
+	return loadtest.Fault{
+		Backends: backends,
+		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
+			ps, err := proxyReplica(run, victim, pathLock)
+			if err != nil {
+				return nil, err
+			}
+			hook, err := startInsideHook()
+			if err != nil {
+				ps.Close()
+				return nil, err
+			}
+			hookEveryReplica(run, hook)
+			runs.put(run, state{hook, ps})
+			return func() {
+				runs.drop(run)
+				hook.Close()
+				ps.Close()
+			}, nil
+		},
+		Inject: func(ctx context.Context, run *loadtest.Run) error {
+			st, err := runs.get(run)
+			if err != nil {
+				return err
+			}
+			defer st.ps.heal()
+			name := fmt.Sprintf("r%d", victim+1)
+			c, err := victimCall(ctx, run, st.hook, name)
+			if err != nil {
+				return nil
+			}
+			defer c.Answer()
+			d := leaseLife(run)
+			what := fmt.Sprintf("latency of %s each way", 2*d)
+			if blackhole {
+				err, what = st.ps.blackhole(), "a blackhole (nothing passes)"
+			} else {
+				err = st.ps.latency(2 * d)
+			}
+			if err != nil {
+				return err
+			}
+			t0 := time.Now()
+			run.Eventf("%s holds the lock; its path to the lock server now has %s", c, what)
+			// Another holder may come in once the server let the lease go;
+			// it goes on at once.
+			wait, cancel := context.WithTimeout(ctx, d+d/4+250*time.Millisecond)
+			if c2, err := st.hook.next(wait, secondHolder(c)); err == nil {
+				c2.Answer()
+				run.Eventf("%s took the same lock %s after the cut, while %s was still inside", c2, since(t0), c.Replica)
+			}
+			cancel()
+			if err := sleepCtx(ctx, d+d/4+250*time.Millisecond-time.Since(t0)); err != nil {
+				return nil
+			}
+			st.ps.heal()
+			if blackhole {
+				// Let the client reconnect and learn its session's fate.
+				_ = sleepCtx(ctx, time.Second)
+			}
+			run.Eventf("path healed after %s; %s goes on and must find its lease lost", since(t0), c.Replica)
+			return nil
+		},
+	}
+}
+
+// warmup is how many orders to let through before a fault strikes, drawn
+// from the run's seed: a few, so MySQL already holds a fence and a version.
+func warmup(run *loadtest.Run) int { return 2 + run.Rand.IntN(4) }
+
+// nth returns the n-th call match accepts, answering the ones before it.
+func nth(ctx context.Context, h *insideHook, n int, match func(*hookCall) bool) (*hookCall, error) {
+	for i := 1; ; i++ {
+		c, err := h.next(ctx, match)
+		if err != nil || i >= n {
+			return c, err
+		}
+		c.Answer()
+	}
+}
+
+// victimCall lets the run's first few orders through (warmup, from any
+// replica), then returns the next order of replica (any when "") inside its
+// critical section, before its write. When the load ends first it says so
+// in the run's events and returns the ctx error.
+func victimCall(ctx context.Context, run *loadtest.Run, h *insideHook, replica string) (*hookCall, error) {
+	c, err := nth(ctx, h, warmup(run), at(atBeforeWrite, ""))
+	if err == nil {
+		c.Answer()
+		c, err = h.next(ctx, at(atBeforeWrite, replica))
+	}
+	if err != nil {
+		who := replica
+		if who == "" {
+			who = "any replica"
+		}
+		run.Eventf("the load ended before %s held a lock after the warm-up: nothing injected", who)
+		return nil, err
+	}
+	return c, nil
+}
+
+// since is the time since t0, rounded for a sentence.
+func since(t0 time.Time) time.Duration { return time.Since(t0).Round(time.Millisecond) }

@@ -1,0 +1,117 @@
+package faults
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/oversold-lab/oversold/loadtest"
+)
+
+// connectionKills is how many times a run kills connections.
+const connectionKills = 3
+
+// innodbTrxRefresh is a little over InnoDB's information_schema cache
+// period (TRX_I_S_MEM_LIMIT's companion, 100 ms in trx0i_s.cc).
+const innodbTrxRefresh = 150 * time.Millisecond
+
+// MySQLConnectionKill kills the replicas' MariaDB connections in the middle
+// of their order transactions, a few times per run: each time a replica
+// reaches the hook before COMMIT (its guarded UPDATE and order INSERT sent,
+// not committed), every connection to the run's database with an open
+// InnoDB transaction is killed (KILL CONNECTION), then the replica goes on
+// and its COMMIT fails. MariaDB rolls the whole transaction back: no partial
+// order (a stock write without its order, or the reverse), and since the
+// client got no 201 for it, no acknowledged order is lost.
+func MySQLConnectionKill() loadtest.Fault {
+	var runs perRun[*insideHook]
+	return loadtest.Fault{
+		Prepare: hookPrepare(&runs),
+		Inject: func(ctx context.Context, run *loadtest.Run) error {
+			hook, err := runs.get(run)
+			if err != nil {
+				return err
+			}
+			cfg, err := mysql.ParseDSN(run.Servers.MySQLDSN)
+			if err != nil {
+				return err
+			}
+			db, err := sql.Open("mysql", run.Servers.MySQLDSN)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			for i := range connectionKills {
+				c, err := nth(ctx, hook, warmup(run), at(atBeforeCommit, ""))
+				if err != nil {
+					if i == 0 {
+						eventf(run, "the load ended before any transaction reached its commit")
+					}
+					return nil
+				}
+				n, err := killOpenTransactions(ctx, db, cfg.DBName)
+				c.Answer()
+				if err != nil {
+					return fmt.Errorf("kill connections: %w", err)
+				}
+				eventf(run, "%s about to commit: killed %d MariaDB %s with an open transaction", c, n, plural(n, "connection", "connections"))
+			}
+			return nil
+		},
+	}
+}
+
+// killOpenTransactions kills every connection to database dbName that has
+// an InnoDB transaction open, except its own, and says how many.
+func killOpenTransactions(ctx context.Context, db *sql.DB, dbName string) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	// InnoDB refreshes what information_schema.innodb_trx shows at most
+	// every 100 ms: wait that out, or a transaction just killed (or one just
+	// begun) would be missed. The replica waits in its hook meanwhile.
+	if err := sleepCtx(ctx, innodbTrxRefresh); err != nil {
+		return 0, err
+	}
+	conn, err := db.Conn(ctx) // one connection: CONNECTION_ID() is ours
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	rows, err := conn.QueryContext(ctx, `SELECT p.id FROM information_schema.innodb_trx t
+		JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id
+		WHERE p.db = ? AND p.id <> CONNECTION_ID()`, dbName)
+	if err != nil {
+		return 0, err
+	}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	killed := 0
+	for _, id := range ids {
+		// The connection may have ended meanwhile (1094: unknown thread).
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err == nil {
+			killed++
+		}
+	}
+	return killed, nil
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}

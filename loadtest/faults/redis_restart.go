@@ -1,0 +1,100 @@
+package faults
+
+import (
+	"context"
+	"time"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/loadtest"
+)
+
+// RedisRestart kills the lock's Redis with SIGKILL while a replica holds a
+// lease, and starts it again at once on the same port without persistence
+// (no RDB, no AOF), as a crashed cache node comes back empty. The run gets a
+// private Redis, so the lab's shared one is never disturbed; it also holds
+// the stock cache (one setting), which comes back empty and refills from
+// MySQL.
+//
+// The restarted Redis has forgotten the lock, so another replica takes it
+// while the first holder is still inside: two holders, until the first one's
+// next renewal finds its key gone (at most TTL/3). It has forgotten the
+// fencing counter as well: tokens start again from 1, below the fence MySQL
+// keeps, so under guard fencing the new holders are refused (409 lock_lost)
+// until the counter climbs past it: safe, but not available.
+func RedisRestart() loadtest.Fault {
+	type state struct {
+		hook *insideHook
+		srv  *testbed.Server
+	}
+	var runs perRun[state]
+	return loadtest.Fault{
+		Backends: []string{"redis"},
+		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
+			srv, err := testbed.StartRedis(ctx, testbed.Options{})
+			if err != nil {
+				return nil, err
+			}
+			hook, err := startInsideHook()
+			if err != nil {
+				srv.Stop()
+				return nil, err
+			}
+			run.Servers.RedisAddr = srv.Addr
+			hookEveryReplica(run, hook)
+			runs.put(run, state{hook, srv})
+			return func() {
+				runs.drop(run)
+				hook.Close()
+				srv.Stop()
+			}, nil
+		},
+		Inject: func(ctx context.Context, run *loadtest.Run) error {
+			st, err := runs.get(run)
+			if err != nil {
+				return err
+			}
+			c, err := victimCall(ctx, run, st.hook, "")
+			if err != nil {
+				return nil
+			}
+			defer c.Answer()
+			t0 := time.Now()
+			if err := st.srv.Kill(); err != nil {
+				return err
+			}
+			// Restart on a context of its own: the server must come back
+			// even if the load ends meanwhile.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			err = st.srv.Restart(rctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			run.Disrupted("", t0)
+			run.Eventf("%s holds the lock; Redis killed (SIGKILL) and restarted empty in %s", c, since(t0))
+			return raceSecondHolder(ctx, run, st.hook, c, ttl(run)/3+time.Second)
+		},
+	}
+}
+
+// raceSecondHolder waits up to limit for a second order inside the same
+// lock as first, then lets both go on together, as two holders who each
+// read the stock before either wrote: without a guard, one decrement is
+// lost. It answers first in any case.
+func raceSecondHolder(ctx context.Context, run *loadtest.Run, h *insideHook, first *hookCall, limit time.Duration) error {
+	defer first.Answer()
+	t0 := time.Now()
+	wait, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	c2, err := h.next(wait, secondHolder(first))
+	if err != nil {
+		if ctx.Err() == nil {
+			run.Eventf("no second holder of %s within %s", first.SKU, limit)
+		}
+		return nil
+	}
+	run.Eventf("%s holds the same lock %s later: two holders; both go on", c2, since(t0))
+	c2.Answer()
+	first.Answer()
+	return nil
+}
