@@ -83,10 +83,11 @@ func (k *Keepalive) run(ctx context.Context, ttl time.Duration, renew RenewFunc,
 		case <-next.C:
 		}
 		sent := time.Now()
-		// A renewal that cannot finish within the validity is worthless.
-		rctx, cancel := context.WithDeadline(ctx, k.deadline())
-		err := renew(rctx)
-		cancel()
+		err, expired := k.renewWithin(ctx, renew, expiry.C)
+		if expired {
+			k.MarkLost()
+			return
+		}
 		switch {
 		case err == nil:
 			valid := sent.Add(ttl - Drift(ttl))
@@ -108,5 +109,25 @@ func (k *Keepalive) run(ctx context.Context, ttl time.Duration, renew RenewFunc,
 			// Transient: try again soon; the expiry timer still bounds us.
 			next.Reset(interval / 4)
 		}
+	}
+}
+
+// renewWithin runs one renewal but stops waiting for it when the lease's
+// validity runs out: a client that does not honour its context (a stuck
+// socket read) must not hold Lost open past the lease. It still waits for
+// the renewal to return before reporting, so Stop keeps its promise.
+func (k *Keepalive) renewWithin(ctx context.Context, renew RenewFunc, expiry <-chan time.Time) (err error, expired bool) {
+	rctx, cancel := context.WithDeadline(ctx, k.deadline())
+	defer cancel()
+	result := make(chan error, 1)
+	go func() { result <- renew(rctx) }()
+	select {
+	case err = <-result:
+		return err, false
+	case <-expiry:
+		k.MarkLost()
+		cancel()
+		<-result
+		return nil, true
 	}
 }

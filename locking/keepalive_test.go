@@ -99,3 +99,18 @@ func TestKeepaliveStopIsSynchronous(t *testing.T) {
 		t.Fatal("a renewal ran after Stop returned")
 	}
 }
+
+// A renewal that ignores its context (a client stuck on a socket read) must
+// not hold Lost open past the lease's validity.
+func TestKeepaliveLostWhileRenewalHangs(t *testing.T) {
+	const ttl = 150 * time.Millisecond
+	unblock := make(chan struct{})
+	k := StartKeepalive(ttl, time.Now(), func(context.Context) error { <-unblock; return nil }, nil)
+	select {
+	case <-k.Lost():
+	case <-time.After(5 * ttl):
+		t.Error("Lost still open while a renewal hung past the lease's validity")
+	}
+	close(unblock)
+	k.Stop()
+}

@@ -16,7 +16,9 @@ import (
 
 // Options parses addr into go-redis universal options.
 func Options(addr string) (*redis.UniversalOptions, error) {
-	o := &redis.UniversalOptions{}
+	// Lock renewals and waits are bounded by contexts: without this,
+	// go-redis ignores their deadlines and waits out its socket timeouts.
+	o := &redis.UniversalOptions{ContextTimeoutEnabled: true}
 	rest := addr
 	if s, ok := strings.CutPrefix(addr, "sentinel://"); ok {
 		name, hosts, found := strings.Cut(s, "@")
