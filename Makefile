@@ -25,3 +25,11 @@ vet:
 
 test: deps vet
 	OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -race -count=1 -timeout 30m ./...
+	OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 5m ./bench/
+
+# Lock benchmarks: every backend against the peer libraries on private real
+# servers (about 5 minutes on 2 cores). Prints the tables and writes them to
+# bench/results.md; benchtable refuses the output of a failed run.
+bench: deps
+	OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -run '^$$' -bench . -benchtime 3s -timeout 20m ./bench/ | tee bench/bench.out
+	$(GO) run ./bench/cmd/benchtable -o bench/results.md < bench/bench.out
