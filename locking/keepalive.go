@@ -8,20 +8,31 @@ import (
 )
 
 // Keepalive is the watchdog shared by the TTL-based backends (redis,
-// redlock, mysql). It renews a lease every ttl/3 and closes Lost once the
-// lease's validity runs out: validity is measured from the send time of the
-// last successful renewal (a server expires the key at least that late),
-// minus a drift margin for clocks running at different rates. A renewal
-// answering ErrNotHeld ends the lease at once. Renewal never revives a lease:
-// renew must check ownership on the server.
+// redlock, mysql; zookeeper and etcd keep their sessions' clocks with it).
+// It renews a lease every ttl/3 and closes Lost once the lease's validity
+// runs out: validity is measured from the send time of the last successful
+// renewal (a server expires the key at least that late), minus a drift
+// margin for clocks running at different rates. A renewal answering
+// ErrNotHeld ends the lease at once. Renewal never revives a lease: renew
+// must check ownership on the server.
+//
+// It runs on two timers and no goroutine of its own: a lease that is
+// released before its first renewal (most of them) costs two timer starts.
 type Keepalive struct {
+	ttl    time.Duration
+	renew  RenewFunc
+	onFail func(error)
 	lost   chan struct{}
 	once   sync.Once
+	ctx    context.Context // ends a renewal in flight when Stop is called
 	cancel context.CancelFunc
-	done   chan struct{}
+	flight sync.WaitGroup // the renewal in flight, if any
 
 	mu         sync.Mutex
+	stopped    bool
 	validUntil time.Time
+	next       *time.Timer // the next renewal
+	expiry     *time.Timer // closes Lost at validUntil, whatever a renewal is doing
 }
 
 // RenewFunc extends the lease on the server for another ttl. It returns
@@ -37,12 +48,18 @@ func Drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecon
 func StartKeepalive(ttl time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &Keepalive{
+		ttl:        ttl,
+		renew:      renew,
+		onFail:     onFail,
 		lost:       make(chan struct{}),
+		ctx:        ctx,
 		cancel:     cancel,
-		done:       make(chan struct{}),
 		validUntil: sent.Add(ttl - Drift(ttl)),
 	}
-	go k.run(ctx, ttl, renew, onFail)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.expiry = time.AfterFunc(time.Until(k.validUntil), k.MarkLost)
+	k.next = time.AfterFunc(ttl/3, k.renewOnce)
 	return k
 }
 
@@ -52,13 +69,27 @@ func (k *Keepalive) Lost() <-chan struct{} { return k.lost }
 // Stop ends renewal and waits until no renewal is in flight, so that a
 // release that follows cannot race a renewal.
 func (k *Keepalive) Stop() {
+	k.mu.Lock()
+	k.stopped = true
+	k.next.Stop()
+	k.expiry.Stop()
+	k.mu.Unlock()
 	k.cancel()
-	<-k.done
+	k.flight.Wait()
 }
 
 // MarkLost closes Lost; backends call it when they learn of the loss
 // another way (a release that found the lease gone).
 func (k *Keepalive) MarkLost() { k.once.Do(func() { close(k.lost) }) }
+
+func (k *Keepalive) isLost() bool {
+	select {
+	case <-k.lost:
+		return true
+	default:
+		return false
+	}
+}
 
 func (k *Keepalive) deadline() time.Time {
 	k.mu.Lock()
@@ -66,68 +97,44 @@ func (k *Keepalive) deadline() time.Time {
 	return k.validUntil
 }
 
-func (k *Keepalive) run(ctx context.Context, ttl time.Duration, renew RenewFunc, onFail func(error)) {
-	defer close(k.done)
-	interval := ttl / 3
-	next := time.NewTimer(interval)
-	defer next.Stop()
-	expiry := time.NewTimer(time.Until(k.deadline()))
-	defer expiry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-expiry.C:
-			k.MarkLost()
-			return
-		case <-next.C:
-		}
-		sent := time.Now()
-		err, expired := k.renewWithin(ctx, renew, expiry.C)
-		if expired {
-			k.MarkLost()
-			return
-		}
-		switch {
-		case err == nil:
-			valid := sent.Add(ttl - Drift(ttl))
-			k.mu.Lock()
-			k.validUntil = valid
-			k.mu.Unlock()
-			expiry.Reset(time.Until(valid))
-			next.Reset(interval)
-		case ctx.Err() != nil:
-			return
-		default:
-			if onFail != nil {
-				onFail(err)
-			}
-			if errors.Is(err, ErrNotHeld) {
-				k.MarkLost()
-				return
-			}
-			// Transient: try again soon; the expiry timer still bounds us.
-			next.Reset(interval / 4)
-		}
+// renewOnce runs on the next timer. A renewal that cannot finish within the
+// validity is worthless, so its context ends there; and one that hangs
+// regardless (a client ignoring its context) does not hold Lost open, since
+// the expiry timer fires on its own.
+func (k *Keepalive) renewOnce() {
+	k.mu.Lock()
+	if k.stopped {
+		k.mu.Unlock()
+		return
 	}
-}
+	k.flight.Add(1)
+	deadline := k.validUntil
+	k.mu.Unlock()
+	defer k.flight.Done()
 
-// renewWithin runs one renewal but stops waiting for it when the lease's
-// validity runs out: a client that does not honour its context (a stuck
-// socket read) must not hold Lost open past the lease. It still waits for
-// the renewal to return before reporting, so Stop keeps its promise.
-func (k *Keepalive) renewWithin(ctx context.Context, renew RenewFunc, expiry <-chan time.Time) (err error, expired bool) {
-	rctx, cancel := context.WithDeadline(ctx, k.deadline())
-	defer cancel()
-	result := make(chan error, 1)
-	go func() { result <- renew(rctx) }()
-	select {
-	case err = <-result:
-		return err, false
-	case <-expiry:
-		k.MarkLost()
-		cancel()
-		<-result
-		return nil, true
+	sent := time.Now()
+	ctx, cancel := context.WithDeadline(k.ctx, deadline)
+	err := k.renew(ctx)
+	cancel()
+
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped || k.isLost() {
+		return // a late success must not revive a lease already lost
 	}
+	if err == nil {
+		k.validUntil = sent.Add(k.ttl - Drift(k.ttl))
+		k.expiry.Reset(time.Until(k.validUntil))
+		k.next.Reset(k.ttl / 3)
+		return
+	}
+	if k.onFail != nil {
+		k.onFail(err)
+	}
+	if errors.Is(err, ErrNotHeld) {
+		k.MarkLost()
+		return
+	}
+	// Transient: try again soon; the expiry timer still bounds us.
+	k.next.Reset(k.ttl / 12)
 }
