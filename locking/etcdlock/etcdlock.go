@@ -48,8 +48,15 @@
 // can hand the key to anyone else. A renewal answered "lease not found"
 // loses the session at once.
 //
-// Lost also closes when the lease's key is deleted behind its back (a watch
-// on our own key), and when the session is lost. All leases of a Locker
+// Lost also closes when the lease's key is deleted behind its back, and
+// when the session is lost. The deletion is told by a watch on our own key
+// that starts once the lease has been held for watchDelay (20 ms), from the
+// revision at which the lock was granted, so it misses nothing; a lease
+// released sooner (a hot key's usual turn) needs no watch, and Acquire does
+// not wait for one. A deletion is told up to watchDelay, plus etcd's 100 ms
+// catch-up of watches that start in the past, later than a watch set at
+// the grant would tell it. All the Locker's watches share one gRPC stream,
+// which one idle watch keeps open. All leases of a Locker
 // share its session, so one lost renewal loses them all; the next Acquire
 // grants a new session. One session per Locker keeps Acquire at one round
 // trip; a session per lease would add a grant and a revoke to each. So
@@ -95,6 +102,9 @@ const (
 	// DefaultTTL is the session lease's TTL when Config.TTL is 0.
 	DefaultTTL = 10 * time.Second
 
+	// watchDelay is how long a lease is held before it watches its own key
+	// (see hold).
+	watchDelay = 20 * time.Millisecond
 	// cleanupWait bounds how long Acquire and Release wait for their cleanup;
 	// what is left goes on in the background until done or Close.
 	cleanupWait = 5 * time.Second
@@ -177,7 +187,28 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Locker, error)
 		l.Close()
 		return nil, fmt.Errorf("etcdlock: %w", err)
 	}
+	l.spawn(l.keepStream)
 	return l, nil
+}
+
+// watchCtx is the context of every watch of the Locker: the client runs
+// the watches whose contexts carry the same metadata on one gRPC stream.
+func (l *Locker) watchCtx(ctx context.Context) context.Context {
+	return clientv3.WithRequireLeader(ctx)
+}
+
+// keepStream keeps one idle watch open, on a key no lock writes (the prefix
+// itself), until Close. The client closes a watch stream with its last
+// watch, so without it every acquisition's watch on its own key would open
+// a new stream; with it, a watch costs one request on a stream already open.
+func (l *Locker) keepStream() {
+	for try := 0; ; try++ {
+		for range l.cli.Watch(l.watchCtx(l.ctx), l.cfg.Prefix) {
+		}
+		if !l.sleep(l.ctx, backoff(try)) {
+			return
+		}
+	}
 }
 
 // Close revokes the session, which deletes every key it holds; held leases
@@ -455,7 +486,7 @@ func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string
 func (l *Locker) waitDelete(ctx context.Context, key string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wch := l.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+	wch := l.cli.Watch(l.watchCtx(ctx), key, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
 	for wr := range wch {
 		switch {
 		case wr.CompactRevision != 0:
@@ -481,24 +512,46 @@ func (l *Locker) waitDelete(ctx context.Context, key string) error {
 }
 
 // hold makes a lease of our key, now the oldest in its queue, read at
-// revision seen. A watch on the key tells us if it is deleted behind our
-// back.
+// revision seen. Lost closes when the session ends or the Locker closes
+// (context.AfterFunc, no goroutine), and when our key is deleted behind our
+// back, which a watch on the key tells. That watch starts only once the
+// lease has been held for watchDelay, and from revision seen+1, so it still
+// sees a deletion that came before it: a lease released sooner, the common
+// case on a hot key, costs no watch at all (a watch is a request the client
+// waits for, and a new gRPC stream when none is open).
 func (l *Locker) hold(sess *session, key, me string, rev, seen int64) (*lease, error) {
-	s := &lease{
-		locker: l, sess: sess, key: key, me: me, rev: rev,
-		lost: make(chan struct{}), stop: make(chan struct{}), stopped: make(chan struct{}),
-	}
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
-	wch := l.cli.Watch(ctx, me, clientv3.WithRev(seen+1), clientv3.WithFilterPut())
-	if !l.spawn(func() {
-		defer close(s.stopped)
-		defer cancel()
-		s.watch(wch)
-	}) {
-		cancel()
+	if l.isClosed() {
 		return nil, errClosed
 	}
+	s := &lease{locker: l, sess: sess, key: key, me: me, rev: rev, lost: make(chan struct{})}
+	s.unlost = []func() bool{context.AfterFunc(sess.ctx, s.markLost), context.AfterFunc(l.ctx, s.markLost)}
+	s.timer = time.AfterFunc(watchDelay, func() { s.startWatch(seen) })
 	return s, nil
+}
+
+// startWatch starts the watch on our key, unless Release came first.
+func (s *lease) startWatch(seen int64) {
+	l := s.locker
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return
+	}
+	ctx, cancel := context.WithCancel(l.watchCtx(context.Background()))
+	stopped := make(chan struct{})
+	if !l.spawn(func() {
+		defer close(stopped)
+		defer cancel()
+		// Watch waits for the server: the end of the session or of the
+		// Locker ends that wait too (and Lost closes then anyway).
+		defer context.AfterFunc(s.sess.ctx, cancel)()
+		defer context.AfterFunc(l.ctx, cancel)()
+		s.watch(l.cli.Watch(ctx, s.me, clientv3.WithRev(seen+1), clientv3.WithFilterPut()))
+	}) {
+		cancel()
+		return // closed: Lost closes by the Locker's ctx
+	}
+	s.cancel, s.stopped = cancel, stopped
 }
 
 // remove deletes our key in the background (fenced by its create revision
@@ -602,9 +655,14 @@ type lease struct {
 
 	lost     chan struct{}
 	lostOnce sync.Once
-	stop     chan struct{} // closed by Release: the watcher ends
-	stopped  chan struct{} // closed when the watcher has ended
+	unlost   []func() bool // stop the AfterFuncs that close lost
+	timer    *time.Timer   // starts the watch on our key
 	released atomic.Bool
+
+	mu      sync.Mutex
+	ended   bool               // Release began: no watch starts, a watch ending is no loss
+	cancel  context.CancelFunc // ends the watch on our key, once started
+	stopped chan struct{}      // closed when the watcher has ended
 }
 
 func (s *lease) Key() string           { return s.key }
@@ -613,23 +671,19 @@ func (s *lease) Lost() <-chan struct{} { return s.lost }
 
 func (s *lease) markLost() { s.lostOnce.Do(func() { close(s.lost) }) }
 
-// watch closes Lost when the session is lost, the Locker closes, or our key
-// is deleted; a watch that fails leaves ownership unknown, which counts as
-// lost too. It ends then, or when Release stops it.
+// watch closes Lost when our key is deleted, or when the watch fails or
+// ends (ownership unknown counts as lost), unless Release ended it.
 func (s *lease) watch(wch clientv3.WatchChan) {
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-s.sess.ctx.Done():
-		case <-s.locker.done:
-		case wr, ok := <-wch:
-			if ok && wr.Err() == nil && !deleted(wr) {
-				continue
-			}
+	for wr := range wch {
+		if wr.Err() != nil || deleted(wr) {
+			break
 		}
+	}
+	s.mu.Lock()
+	ended := s.ended
+	s.mu.Unlock()
+	if !ended {
 		s.markLost()
-		return
 	}
 }
 
@@ -650,8 +704,18 @@ func (s *lease) Release(ctx context.Context) error {
 	if !s.released.CompareAndSwap(false, true) {
 		return notHeld
 	}
-	close(s.stop)
-	<-s.stopped
+	s.mu.Lock()
+	s.ended = true
+	s.timer.Stop()
+	cancel, stopped := s.cancel, s.stopped
+	s.mu.Unlock()
+	for _, stop := range s.unlost {
+		stop()
+	}
+	if cancel != nil {
+		cancel()
+		<-stopped
+	}
 	l := s.locker
 	if l.isClosed() {
 		return notHeld // Close revoked the session and deleted the key

@@ -30,10 +30,11 @@ const (
 // One connection per Notifier, not per waiter: a PubSub per Acquire costs a
 // connection and a SUBSCRIBE round trip for every wait.
 //
-// A release message wakes one watcher of its channel, the one that has
-// waited longest (Redisson's LockPubSub does the same per JVM): of the
-// waiters in one process only one can win the freed lock, so waking them all
-// would only send the losers back to the server. Whenever a subscription is
+// A release message wakes one watcher of its channel: the watcher whose id
+// is the message (the redis backend names the waiter it hands the lock to),
+// or else the one that has waited longest (Redisson's LockPubSub does the
+// same per JVM): of the waiters in one process only one can win the freed
+// lock, so waking them all would only send the losers back to the server. Whenever a subscription is
 // (re)established, every watcher is woken instead, because messages may have
 // been missed meanwhile. A channel stays subscribed for a while after its
 // last watcher left, so a hot key pays for SUBSCRIBE once, not per wait.
@@ -67,6 +68,7 @@ type topic struct {
 type Watch struct {
 	n       *Notifier
 	channel string
+	id      string // a message equal to id wakes this watcher first
 	wake    chan struct{}
 	ready   chan struct{}
 }
@@ -82,7 +84,13 @@ func NewNotifier(client redis.UniversalClient) *Notifier {
 // subscription: a message published after that is not missed. Several
 // Watches may share one wake channel.
 func (n *Notifier) Watch(channel string, wake chan struct{}) *Watch {
-	w := &Watch{n: n, channel: channel, wake: wake}
+	return n.WatchAs(channel, "", wake)
+}
+
+// WatchAs is Watch for a watcher named id: a message whose payload is id
+// wakes this watcher rather than the longest waiting one.
+func (n *Notifier) WatchAs(channel, id string, wake chan struct{}) *Watch {
+	w := &Watch{n: n, channel: channel, id: id, wake: wake}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -114,13 +122,18 @@ func (n *Notifier) Watch(channel string, wake chan struct{}) *Watch {
 // subscription. A waiter that joins before its try cannot miss a release
 // that comes after the try.
 func (n *Notifier) Join(channel string, wake chan struct{}) *Watch {
+	return n.JoinAs(channel, "", wake)
+}
+
+// JoinAs is Join for a watcher named id (see WatchAs).
+func (n *Notifier) JoinAs(channel, id string, wake chan struct{}) *Watch {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	t := n.topics[channel]
 	if n.closed || t == nil || !t.subscribed || !isClosed(t.ready) {
 		return nil
 	}
-	w := &Watch{n: n, channel: channel, wake: wake}
+	w := &Watch{n: n, channel: channel, id: id, wake: wake}
 	t.add(w)
 	return w
 }
@@ -291,7 +304,7 @@ func (n *Notifier) dispatch(msg any) {
 	switch m := msg.(type) {
 	case *redis.Message:
 		if t := n.topics[m.Channel]; t != nil {
-			t.wakeOne()
+			t.wake(m.Payload)
 		}
 	case *redis.Subscription:
 		t := n.topics[m.Channel]
@@ -313,6 +326,19 @@ func (n *Notifier) dispatch(msg any) {
 			delete(n.topics, m.Channel)
 		}
 	}
+}
+
+// wake signals the watcher named id, or else the longest waiting one.
+func (t *topic) wake(id string) {
+	if id != "" {
+		for _, w := range t.watches {
+			if w.id == id {
+				signal(w.wake)
+				return
+			}
+		}
+	}
+	t.wakeOne()
 }
 
 // wakeOne signals the longest waiting watcher; if it has a wake-up pending

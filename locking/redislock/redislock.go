@@ -13,18 +13,33 @@
 // (locking.Keepalive), and Release deletes the key by the same owner check,
 // publishing on "lock:{k}:released" in the same script.
 //
-// A waiter whose try fails subscribes to the release channel, waits until the
-// server has confirmed the subscription, and tries again: a release in
-// between is then either seen by that try or heard as a message, never lost.
-// (On a hot key the channel is subscribed already, and a waiter joins it
-// before its first try, which saves the second.)
-// After that it waits for a release message or a fallback timer, a jittered
+// A try that fails also queues the waiter, in the same script: a sorted
+// set "lock:{k}:waiters" whose members name the waiter and its Locker, scored
+// by a deadline (the server's time plus twice the longest fallback wait)
+// that every try pushes back. Release, in its script, drops the expired entries (waiters
+// that died or stopped trying), pops the first entry left, the waiter that
+// tried least recently, and publishes its name on that Locker's channel
+// "lock:{k}:wake:<locker id>". So a release wakes exactly one waiter in the
+// whole system, not one per process: on a hot key with 32 processes the
+// other 30 no longer run a try that can only fail. (Redisson's FairLock
+// queues waiters too, but also bars newcomers; here a newcomer may still
+// take a free lock first, which keeps a hot key busy, and the woken waiter
+// that lost such a race queues again.)
+//
+// A waiter subscribes to its Locker's channel before it waits, and waits
+// until the server has confirmed the subscription and tries again: a release
+// in between is then either seen by that try or heard as a message, never
+// lost. (On a hot key the channel is subscribed already, and a waiter joins
+// it before its first try, which saves the second.) All waiters of a Locker
+// share one subscription connection (Notifier), which wakes the waiter the
+// message names. A waiter also keeps a fallback timer, a jittered
 // exponential backoff (Config.MinBackoff to MaxBackoff) capped by the
 // holder's remaining TTL, which the failed try returned: a holder that died
 // is replaced as soon as its key expires, with no message at all (Redisson
-// waits the same way). All waiters of a Locker share one subscription
-// connection (Notifier), and a release wakes only the longest waiting one of
-// them, so a hot key sees one try per release per process, not a herd.
+// waits the same way), and a release whose wake-up went to a dead waiter
+// costs the others one fallback wait, no more. A waiter that gives up (ctx,
+// Close) leaves the queue and, if the lock is free, passes the wake-up on to
+// the next waiter, in one script.
 //
 // # Failure modes
 //
@@ -44,8 +59,11 @@
 //   - Redis unreachable: Acquire fails with locking.ErrUnavailable, renewals
 //     fail and Lost closes when the validity runs out, and waiters fall back
 //     on their timers until the subscription connection is back.
-//   - A wait ended by ctx removes its own key with a fresh, bounded context
-//     (the try's reply may have been lost after the SET), and unsubscribes.
+//   - A wait ended by ctx removes its own key (the try's reply may have been
+//     lost after the SET) and its queue entry with a fresh, bounded context,
+//     and unsubscribes. If that fails, the key and the entry expire.
+//   - The scripts read the server's clock (TIME) before they write, which
+//     needs Redis 5 or later (effects replication).
 //
 // # Token
 //
@@ -53,7 +71,7 @@
 // every grant gets a greater number than every earlier grant of the key, for
 // as long as Redis keeps its data (persistence, and no failover that loses
 // writes). The counter never expires; it costs one small key per lock key
-// ever used.
+// ever used. The queue of waiters expires with its last entry.
 package redislock
 
 import (
@@ -123,12 +141,21 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// queueLife is how long a waiter's queue entry outlives its last try: more
+// than the longest fallback wait between two tries, so the entry of a live
+// waiter does not expire, and that of a dead one soon does.
+func (c Config) queueLife() time.Duration {
+	return 2 * (c.MaxBackoff + c.MinBackoff)
+}
+
 // Locker grants leases on keys of one Redis server. It is safe for
 // concurrent use.
 type Locker struct {
 	client   redis.UniversalClient
 	cfg      Config
+	id       string // names this Locker's waiters and wake channels
 	ttl      string // cfg.TTL in milliseconds, as the scripts take it
+	life     string // queueLife in milliseconds
 	notifier *Notifier
 
 	mu      sync.Mutex
@@ -143,19 +170,23 @@ func New(client redis.UniversalClient, cfg Config) *Locker {
 	return &Locker{
 		client:   client,
 		cfg:      cfg,
+		id:       newOwner()[:16],
 		ttl:      strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
+		life:     strconv.FormatInt(cfg.queueLife().Milliseconds(), 10),
 		notifier: NewNotifier(client),
 		leases:   make(map[*lease]struct{}),
 		closing:  make(chan struct{}),
 	}
 }
 
-// names are the Redis names of one lock key, all in the hash slot of {key}.
-type names struct{ lock, fence, channel string }
+// names are the Redis names of one lock key, all in the hash slot of {key}:
+// the lock, its fence counter, its queue of waiters, and the prefix of the
+// channels that wake them (one per Locker: wake + Locker id).
+type names struct{ lock, fence, waiters, wake string }
 
 func (l *Locker) names(key string) names {
 	lock := l.cfg.Prefix + "{" + key + "}"
-	return names{lock: lock, fence: lock + ":fence", channel: lock + ":released"}
+	return names{lock: lock, fence: lock + ":fence", waiters: lock + ":waiters", wake: lock + ":wake:"}
 }
 
 // Acquire waits until the lock on key is granted, ctx ends, or Redis fails.
@@ -167,10 +198,12 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	}
 	n := l.names(key)
 	owner := newOwner()
+	member := l.id + ":" + owner // our entry in the queue of waiters
+	channel := n.wake + l.id
 	var (
 		wake = make(chan struct{}, 1)
 		// Already subscribed (the key is hot): a failed try can wait at once.
-		watch = l.notifier.Join(n.channel, wake)
+		watch = l.notifier.JoinAs(channel, member, wake)
 		timer *time.Timer
 	)
 	defer func() {
@@ -183,13 +216,16 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	}()
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
+			if attempt > 0 { // queued by the last try
+				l.undo(ctx, n, owner, member)
+			}
 			return nil, fmt.Errorf("acquire %q: %w", key, err)
 		}
 		sent := time.Now()
-		token, pttl, err := l.try(ctx, n, owner)
+		token, pttl, err := l.try(ctx, n, owner, member)
 		if err != nil {
 			// The SET may have happened with its reply lost: remove it.
-			l.undo(ctx, n, owner)
+			l.undo(ctx, n, owner, member)
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("acquire %q: %w", key, ctx.Err())
 			}
@@ -206,7 +242,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		if watch == nil {
 			// Subscribe, and try again once the server confirms: a release
 			// between the first try and the subscription is not lost.
-			watch = l.notifier.Watch(n.channel, wake)
+			watch = l.notifier.WatchAs(channel, member, wake)
 			woken = watch.Ready()
 		}
 		d := l.backoff(attempt, pttl)
@@ -219,8 +255,10 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		case <-woken:
 		case <-timer.C:
 		case <-ctx.Done():
+			l.undo(ctx, n, owner, member)
 			return nil, fmt.Errorf("acquire %q: %w", key, ctx.Err())
 		case <-l.closing:
+			l.undo(ctx, n, owner, member)
 			return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
 		}
 	}
@@ -228,8 +266,8 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 
 // try runs the acquire script once. It returns the token if the lock was
 // granted, or else the holder's remaining TTL (negative if unknown).
-func (l *Locker) try(ctx context.Context, n names, owner string) (token uint64, pttl time.Duration, err error) {
-	res, err := acquireScript.Run(ctx, l.client, []string{n.lock, n.fence}, owner, l.ttl).Int64Slice()
+func (l *Locker) try(ctx context.Context, n names, owner, member string) (token uint64, pttl time.Duration, err error) {
+	res, err := acquireScript.Run(ctx, l.client, []string{n.lock, n.fence, n.waiters}, owner, l.ttl, member, l.life).Int64Slice()
 	if err != nil {
 		return 0, 0, err
 	}
@@ -260,17 +298,21 @@ func (l *Locker) backoff(attempt int, pttl time.Duration) time.Duration {
 	return d
 }
 
-// undo deletes the key if owner holds it, with a fresh context bounded by
-// the TTL (after which the key is gone anyway) and a second.
-func (l *Locker) undo(ctx context.Context, n names, owner string) {
+// undo ends a wait: it deletes the key if owner holds it (a try's reply may
+// have been lost after the SET) and removes member from the queue, passing
+// on the wake-up if the lock is free, with a fresh context bounded by the
+// TTL (after which the key is gone anyway) and a second. If it fails, the
+// key expires, and so does the queue entry (Config.queueLife).
+func (l *Locker) undo(ctx context.Context, n names, owner, member string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.cfg.TTL, time.Second))
 	defer cancel()
-	_, _ = l.release(ctx, n, owner)
+	_, _ = l.release(ctx, n, owner, member)
 }
 
-// release deletes the key if owner holds it and wakes the waiters.
-func (l *Locker) release(ctx context.Context, n names, owner string) (bool, error) {
-	return releaseScript.Run(ctx, l.client, []string{n.lock}, owner, n.channel).Bool()
+// release deletes the key if owner holds it (and removes member, if any,
+// from the queue), then wakes the first waiter in the queue.
+func (l *Locker) release(ctx context.Context, n names, owner, member string) (bool, error) {
+	return releaseScript.Run(ctx, l.client, []string{n.lock, n.waiters}, owner, n.wake, member).Bool()
 }
 
 // grant wraps a granted lock in a lease and starts its watchdog, whose
@@ -284,7 +326,7 @@ func (l *Locker) grant(ctx context.Context, key string, n names, owner string, t
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		l.undo(ctx, n, owner)
+		l.undo(ctx, n, owner, "")
 		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
 	}
 	s.ka = locking.StartKeepalive(l.cfg.TTL, sent, s.renew, onFail)
@@ -359,7 +401,7 @@ func (s *lease) Release(ctx context.Context) error {
 	s.l.forget(s)
 	ctx, cancel := context.WithTimeout(ctx, s.l.cfg.TTL)
 	defer cancel()
-	ok, err := s.l.release(ctx, s.names, s.owner)
+	ok, err := s.l.release(ctx, s.names, s.owner, "")
 	switch {
 	case err != nil:
 		return fmt.Errorf("release %q: %w: %w", s.key, locking.ErrUnavailable, err)

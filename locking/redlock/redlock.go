@@ -14,19 +14,29 @@
 // counts only when a majority confirms it before the current validity runs
 // out. Release deletes the key by owner check on every node.
 //
-// Waiting is by notification, as in the redis backend: a release publishes
-// on the key's channel on every node, and a waiter subscribes on every node
-// (one shared subscription connection per node per Locker, see
-// redislock.Notifier). When any node tells it of a release, it gives the
-// release the time of one attempt to reach the other nodes and tries once;
-// without news it tries when its fallback timer fires, a jittered backoff
-// capped by the time until enough keys expire for a majority. Notification
-// and not polling, because random sleeps (redsync: 50-250 ms) cap a hot key
-// at a few handoffs per second. Any node can tell, so a minority of nodes
-// down does not slow the handoff. After a split vote (several contenders
-// each got some nodes, none a majority) the contenders retry after random
-// delays, growing with each split in a row, as the Redlock description
-// asks, so that they do not meet again.
+// Waiting is by notification, as in the redis backend: a refused try also
+// queues the waiter on that node (a sorted set "lock:{k}:waiters", scored by
+// a deadline every try pushes back, so dead waiters' entries expire), and a
+// release, on each node, pops the first live entry there and publishes its
+// name on its Locker's channel "lock:{k}:wake:<locker id>" (one shared
+// subscription connection per node per Locker, see redislock.Notifier).
+// Waiters try on every node at once, so the nodes see the tries in about
+// the same order and mostly wake the same waiter: a release wakes one waiter
+// in the whole system, not one per process, and not one per node. The woken
+// waiter tries once a majority of nodes has told it (the release has
+// reached enough nodes), or after the time of one attempt; without news it
+// tries when its fallback timer fires, a jittered backoff capped by the
+// time until enough keys expire for a majority. A waiter that gives up
+// leaves every queue and passes the wake-up on where the lock is free.
+// Notification and not polling, because random sleeps (redsync: 50-250 ms)
+// cap a hot key at a few handoffs per second. Any node can tell, so a
+// minority of nodes down does not slow the handoff. After a split vote
+// (several contenders each got some nodes, none a majority) the contenders
+// retry after random delays, growing from the time of one attempt with
+// each split in a row, as the Redlock description asks, so that they do not
+// meet again. (A newcomer, such as the releaser asking again at once, may
+// still take a free lock before the woken waiter: a promise to the woken
+// waiter would stop that, but made every acquisition a slower handoff.)
 //
 // # Failure modes
 //
@@ -151,7 +161,9 @@ type Locker struct {
 	nodes  []node
 	quorum int
 	cfg    Config
+	id     string // names this Locker's waiters and wake channels
 	ttl    string // cfg.TTL in milliseconds, as the scripts take it
+	life   string // how long a waiter's queue entry outlives its last try, in ms
 
 	mu      sync.Mutex
 	leases  map[*lease]struct{} // live leases, ended by Close
@@ -173,9 +185,13 @@ func New(clients []redis.UniversalClient, cfg Config) (*Locker, error) {
 	}
 	cfg = cfg.withDefaults()
 	l := &Locker{
-		quorum:  len(clients)/2 + 1,
-		cfg:     cfg,
-		ttl:     strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
+		quorum: len(clients)/2 + 1,
+		cfg:    cfg,
+		id:     newOwner()[:16],
+		ttl:    strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
+		// More than the longest wait between two tries (a split delay,
+		// then a fallback wait): a live waiter's entry does not expire.
+		life:    strconv.FormatInt((3 * (cfg.MaxBackoff + cfg.MinBackoff)).Milliseconds(), 10),
 		leases:  make(map[*lease]struct{}),
 		closing: make(chan struct{}),
 	}
@@ -197,12 +213,14 @@ func (l *Locker) Ping(ctx context.Context) error {
 	return nil
 }
 
-// names are the Redis names of one lock key on every node.
-type names struct{ lock, channel string }
+// names are the Redis names of one lock key on every node: the lock, its
+// queue of waiters, and the prefix of the channels that wake them (one per
+// Locker: wake + Locker id).
+type names struct{ lock, waiters, wake string }
 
 func (l *Locker) names(key string) names {
 	lock := l.cfg.Prefix + "{" + key + "}"
-	return names{lock: lock, channel: lock + ":released"}
+	return names{lock: lock, waiters: lock + ":waiters", wake: lock + ":wake:"}
 }
 
 // vote is one node's answer to one request.
@@ -309,22 +327,31 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	}
 	n := l.names(key)
 	owner := newOwner()
-	w := l.newWaiter(n.channel)
+	member := l.id + ":" + owner // our entry in the queues of waiters
+	w := l.newWaiter(n.wake+l.id, member)
 	defer w.stop()
+	granted := false
+	defer func() {
+		if !granted && w.queued {
+			l.leave(ctx, n, owner, member)
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("acquire %q: %w", key, err)
 		}
 		sent := time.Now()
 		votes := l.ask(ctx, l.cfg.NodeTimeout, nil, func(ctx context.Context, c redis.UniversalClient) vote {
-			return acquireVote(acquireScript.Run(ctx, c, []string{n.lock}, owner, l.ttl).Slice())
+			return acquireVote(acquireScript.Run(ctx, c, []string{n.lock, n.waiters}, owner, l.ttl, member, l.life).Slice())
 		})
 		elapsed := time.Since(sent)
 		t := count(votes)
 		if t.yes >= l.quorum && elapsed < l.cfg.TTL-locking.Drift(l.cfg.TTL) {
 			w.drain()
-			return l.grant(ctx, key, n, owner, sent)
+			granted = true
+			return l.grant(ctx, key, n, owner, member, sent)
 		}
+		w.queued = true // by the nodes that refused
 		if t.yes > 0 || t.failed > 0 {
 			// Our key may be on some nodes (a minority, or a majority
 			// too late, or a lost reply): remove it from them.
@@ -348,7 +375,11 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 type waiter struct {
 	l       *Locker
 	channel string
-	wake    chan struct{} // signalled by release messages from any node
+	member  string // names the waiter in the queues and its wake-ups
+	queued  bool   // a try was refused: the waiter is in some queues
+	// wake is signalled by release messages from any node, one signal per
+	// node: its buffer has room for one from each.
+	wake    chan struct{}
 	watches []*redislock.Watch
 	timer   *time.Timer
 	// splits counts the split votes in a row; unreachable the attempts in
@@ -359,12 +390,12 @@ type waiter struct {
 	splits, unreachable int
 }
 
-func (l *Locker) newWaiter(channel string) *waiter {
-	w := &waiter{l: l, channel: channel, wake: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
+func (l *Locker) newWaiter(channel, member string) *waiter {
+	w := &waiter{l: l, channel: channel, member: member, wake: make(chan struct{}, len(l.nodes)), timer: time.NewTimer(time.Hour)}
 	// Already subscribed on every node (the key is hot): a failed try can
 	// wait at once.
 	for _, nd := range l.nodes {
-		watch := nd.notifier.Join(channel, w.wake)
+		watch := nd.notifier.JoinAs(channel, member, w.wake)
 		if watch == nil {
 			for _, watch := range w.watches {
 				watch.Stop()
@@ -384,12 +415,15 @@ func (w *waiter) stop() {
 	w.timer.Stop()
 }
 
-// drain drops a pending wake-up: the next try sees every release told so
+// drain drops the pending wake-ups: the next try sees every release told so
 // far, and a grant uses it up (stop would pass it on to another waiter).
 func (w *waiter) drain() {
-	select {
-	case <-w.wake:
-	default:
+	for {
+		select {
+		case <-w.wake:
+		default:
+			return
+		}
 	}
 }
 
@@ -408,7 +442,9 @@ func (w *waiter) next(ctx context.Context, attempt int, t tally, elapsed time.Du
 		if w.splits++; held {
 			w.splits = 0
 		}
-		w.timer.Reset(mrand.N(min(l.cfg.MaxBackoff, l.cfg.MinBackoff<<min(w.splits, 20))) + 1)
+		// The pause grows from the time of one attempt: a pause much
+		// longer than the attempts that split leaves the lock idle.
+		w.timer.Reset(mrand.N(min(l.cfg.MaxBackoff, max(elapsed, time.Millisecond)<<min(w.splits, 20))) + 1)
 		if _, err := w.wait(ctx, nil); err != nil || !held {
 			return err
 		}
@@ -421,7 +457,7 @@ func (w *waiter) next(ctx context.Context, attempt int, t tally, elapsed time.Du
 		// the delay ends): a release between the first try and the
 		// subscriptions is not lost.
 		for _, nd := range l.nodes {
-			w.watches = append(w.watches, nd.notifier.Watch(w.channel, w.wake))
+			w.watches = append(w.watches, nd.notifier.WatchAs(w.channel, w.member, w.wake))
 		}
 		for _, watch := range w.watches {
 			if ok, err := w.wait(ctx, watch.Ready()); !ok {
@@ -433,13 +469,22 @@ func (w *waiter) next(ctx context.Context, attempt int, t tally, elapsed time.Du
 	if ok, err := w.wait(ctx, w.wake); !ok {
 		return err
 	}
-	// A release reaches the nodes one by one, and each tells us. Give it
-	// the time of one attempt to reach them all, so that we try once per
-	// release, not once per node.
+	// A release reaches the nodes one by one, and each node whose queue
+	// has us first tells us. Try once a majority has told us, so that we
+	// try once per release, not once per node, and not before the release
+	// reached enough nodes; or after the time of one attempt, if the
+	// nodes woke different waiters or some message is late.
 	w.timer.Reset(min(elapsed, l.cfg.NodeTimeout))
-	if _, err := w.wait(ctx, nil); err != nil {
-		return err
+	for heard := 1; heard < l.quorum; heard++ {
+		ok, err := w.wait(ctx, w.wake)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break // the timer fired
+		}
 	}
+	w.timer.Stop()
 	w.drain()
 	return nil
 }
@@ -495,25 +540,41 @@ func (l *Locker) backoff(attempt int, freeIn time.Duration) time.Duration {
 // undo deletes owner's key from the nodes that did not refuse an attempt
 // (votes; nil = all), at once and with a fresh context. Each node gets the
 // per-node timeout: a node that fails to answer keeps the key for one TTL,
-// and a dead node must not hold up the caller for longer.
+// and a dead node must not hold up the caller for longer. It wakes nobody:
+// after a split vote the contenders retry by themselves, and a lock held
+// elsewhere is not free.
 func (l *Locker) undo(ctx context.Context, n names, owner string, votes []vote) {
 	ctx = context.WithoutCancel(ctx)
-	l.release(ctx, l.cfg.NodeTimeout, n, owner, func(i int) bool { return votes == nil || votes[i].yes || votes[i].err != nil })
+	l.release(ctx, l.cfg.NodeTimeout, n, owner, "", false, func(i int) bool { return votes == nil || votes[i].yes || votes[i].err != nil })
+}
+
+// leave ends a wait that did not get the lock: it deletes owner's key where
+// it is still owner's and takes member out of every queue, with a fresh
+// context, and wakes the next waiter where the lock is free (the wake-up of
+// the last release may have come to us). What it cannot reach expires.
+func (l *Locker) leave(ctx context.Context, n names, owner, member string) {
+	ctx = context.WithoutCancel(ctx)
+	l.release(ctx, l.cfg.NodeTimeout, n, owner, member, true, nil)
 }
 
 // release deletes owner's key from the nodes (all, or those with only(i))
-// where it is still owner's, waking the waiters there.
-func (l *Locker) release(ctx context.Context, timeout time.Duration, n names, owner string, only func(int) bool) tally {
+// where it is still owner's, drops member (if any) from their queues, and
+// if wake, wakes the first waiter of each node where the lock is free.
+func (l *Locker) release(ctx context.Context, timeout time.Duration, n names, owner, member string, wake bool, only func(int) bool) tally {
+	w := "0"
+	if wake {
+		w = "1"
+	}
 	return count(l.ask(ctx, timeout, only, func(ctx context.Context, c redis.UniversalClient) vote {
-		ok, err := releaseScript.Run(ctx, c, []string{n.lock}, owner, n.channel).Bool()
+		ok, err := releaseScript.Run(ctx, c, []string{n.lock, n.waiters}, owner, n.wake, member, w).Bool()
 		return vote{yes: ok, err: err}
 	}))
 }
 
 // grant wraps a granted lock in a lease and starts its watchdog, whose
 // validity runs from sent, when the acquire requests were sent.
-func (l *Locker) grant(ctx context.Context, key string, n names, owner string, sent time.Time) (locking.Lease, error) {
-	s := &lease{l: l, key: key, names: n, owner: owner}
+func (l *Locker) grant(ctx context.Context, key string, n names, owner, member string, sent time.Time) (locking.Lease, error) {
+	s := &lease{l: l, key: key, names: n, owner: owner, member: member}
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
 		onFail = func(err error) { f(key, err) }
@@ -521,7 +582,7 @@ func (l *Locker) grant(ctx context.Context, key string, n names, owner string, s
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		l.undo(ctx, n, owner, nil)
+		l.leave(ctx, n, owner, member)
 		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
 	}
 	s.ka = locking.StartKeepalive(l.cfg.TTL, sent, s.renew, onFail)
@@ -569,6 +630,7 @@ type lease struct {
 	key      string
 	names    names
 	owner    string
+	member   string // its waiter's queue entry, left on nodes that refused it
 	ka       *locking.Keepalive
 	released atomic.Bool
 }
@@ -606,7 +668,7 @@ func (s *lease) Release(ctx context.Context) error {
 	s.l.forget(s)
 	ctx, cancel := context.WithTimeout(ctx, s.l.cfg.TTL)
 	defer cancel()
-	t := s.l.release(ctx, s.l.cfg.TTL, s.names, s.owner, nil)
+	t := s.l.release(ctx, s.l.cfg.TTL, s.names, s.owner, s.member, true, nil)
 	switch {
 	case t.yes >= s.l.quorum:
 		return nil

@@ -36,7 +36,8 @@ func TestConformance(t *testing.T) {
 			return nil
 		},
 		// One lease is a key on every node, all with its owner: count the
-		// distinct owners, so that a waiter's key left on any node shows.
+		// distinct owners, so that a waiter's key or queue entry left on
+		// any node shows.
 		Leftovers: func(ctx context.Context, key string) (int, error) {
 			owners := map[string]bool{}
 			for _, c := range admins {
@@ -47,6 +48,14 @@ func TestConformance(t *testing.T) {
 					return 0, err
 				default:
 					owners[owner] = true
+				}
+				// And the queue entries of waiters.
+				waiters, err := c.ZRange(ctx, lockKey(key)+":waiters", 0, -1).Result()
+				if err != nil {
+					return 0, err
+				}
+				for _, w := range waiters {
+					owners["waiter "+w] = true
 				}
 			}
 			return len(owners), nil

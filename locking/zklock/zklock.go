@@ -10,6 +10,10 @@
 // children: the lowest sequence holds the lock. Anyone else sets a watch on
 // the child just below its own and sleeps until that child goes, so a
 // release wakes exactly one waiter (no herd). Release deletes the node.
+// The first listing travels together with the ExistsW on our own node that
+// a grant needs (its czxid, and the watch that drives Lost): go-zookeeper
+// keeps several requests in flight on its one connection, so a free lock
+// costs the create and one more round trip, as the bare recipe does.
 //
 //   - Protected create (Curator's protection mode): the node name carries a
 //     fresh GUID. When a create's reply is lost to a disconnect, the create
@@ -409,8 +413,17 @@ func (l *Locker) wait(ctx context.Context, key, parent, path string) (*lease, er
 	if !ok {
 		return nil, fmt.Errorf("zklock: unexpected node name %q", name)
 	}
-	var failing time.Time // since when requests fail: ZooKeeper unreachable
+	// The first look at the queue goes together with the request grant
+	// needs (our node's stat, and a watch on it): one connection carries
+	// both at once, so a free lock costs one round trip after the create,
+	// not two. Neither changes while we wait, so a waiter uses it too.
+	stat := l.existsW(path)
+	var (
+		failing time.Time // since when requests fail: ZooKeeper unreachable
+		sent    time.Time // when the last look at the queue was sent
+	)
 	for try := 0; ; try++ {
+		sent = time.Now()
 		err := func() error {
 			children, err := call(ctx, l, func() ([]string, error) {
 				c, _, err := l.conn.Children(parent)
@@ -448,7 +461,9 @@ func (l *Locker) wait(ctx context.Context, key, parent, path string) (*lease, er
 		}()
 		switch {
 		case err == nil:
-			return l.grant(ctx, key, path)
+			// The session answered the look sent at sent: the lease's
+			// validity runs from then.
+			return l.grant(ctx, key, path, sent, stat)
 		case errors.Is(err, errRetry):
 			continue
 		case ctx.Err() != nil:
@@ -474,18 +489,51 @@ func (l *Locker) wait(ctx context.Context, key, parent, path string) (*lease, er
 
 var errRetry = errors.New("zklock: look again")
 
+// existsResult is the answer to existsW.
+type existsResult struct {
+	st      *zk.Stat
+	deleted <-chan zk.Event // the watch on the node
+	err     error
+}
+
+// existsW sends ExistsW on path in the background; nil after Close.
+func (l *Locker) existsW(path string) <-chan existsResult {
+	res := make(chan existsResult, 1)
+	if !l.spawn(func() {
+		ok, st, deleted, err := l.conn.ExistsW(path)
+		if err == nil && !ok {
+			err = errVanished
+		}
+		res <- existsResult{st, deleted, err}
+	}) {
+		return nil
+	}
+	return res
+}
+
 // grant turns our node, now first in the queue, into a lease: it reads the
 // node's czxid (the token) and owner, and sets a watch that tells us if the
-// node is deleted behind our back.
-func (l *Locker) grant(ctx context.Context, key, path string) (*lease, error) {
-	sent := time.Now()
-	st, err := call(ctx, l, func() (*zk.Stat, error) {
-		ok, st, _, err := l.conn.ExistsW(path)
-		if err == nil && !ok {
-			return nil, errVanished
+// node is deleted behind our back: it takes them from pending, an existsW
+// sent after our node was created, or asks again if that failed. The
+// validity of the lease runs from sent, a request the session answered.
+func (l *Locker) grant(ctx context.Context, key, path string, sent time.Time, pending <-chan existsResult) (*lease, error) {
+	var r existsResult
+	for try := range 2 {
+		if pending == nil || try > 0 {
+			if pending = l.existsW(path); pending == nil {
+				return nil, errClosed
+			}
 		}
-		return st, err
-	})
+		select {
+		case r = <-pending:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if r.err == nil || errors.Is(r.err, errVanished) {
+			break
+		}
+	}
+	st, err := r.st, r.err
 	if err != nil {
 		return nil, err
 	}
@@ -505,6 +553,12 @@ func (l *Locker) grant(ctx context.Context, key, path string) (*lease, error) {
 	l.mu.Unlock()
 	// Registered first, so an expiry from now on reaches it; one before is
 	// caught here.
+	// Likewise a deletion of our node that onEvent heard before.
+	select {
+	case <-r.deleted:
+		s.ka.MarkLost()
+	default:
+	}
 	if l.conn.SessionID() != s.session {
 		s.ka.MarkLost()
 	}
