@@ -65,7 +65,12 @@ func (c *Cache) Get(ctx context.Context, sku string, load func(context.Context) 
 }
 
 // Set caches item unless the cache already holds its version or a newer one.
+// Version 0 is no version (MySQL's versions start at 1; a writer that could
+// not learn its new version says 0): such an item is not cached.
 func (c *Cache) Set(ctx context.Context, item Item) error {
+	if item.Version == 0 {
+		return nil
+	}
 	_, err := c.set(ctx, item)
 	return err
 }

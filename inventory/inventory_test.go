@@ -116,3 +116,25 @@ func TestSetIfNewer(t *testing.T) {
 		t.Errorf("loaded %d times, want 0: every Get was a hit", calls.Load())
 	}
 }
+
+// TestSetVersionZero: an item without a version (a writer that could not
+// learn its new one) is never cached, over an entry or in place of none.
+func TestSetVersionZero(t *testing.T) {
+	t.Parallel()
+	c := newCache(t)
+	ctx := t.Context()
+	var calls atomic.Int32
+	if err := c.Set(ctx, inventory.Item{SKU: "z", Stock: 5, Version: 0}); err != nil {
+		t.Fatal(err)
+	}
+	want := inventory.Item{SKU: "z", Stock: 9, Version: 2}
+	if got, err := c.Get(ctx, "z", loader(want, &calls)); err != nil || got != want || calls.Load() != 1 {
+		t.Fatalf("Get = %+v, %v after %d loads; want %+v from one load: version 0 must not fill the cache", got, err, calls.Load(), want)
+	}
+	if err := c.Set(ctx, inventory.Item{SKU: "z", Stock: 5, Version: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Get(ctx, "z", loader(want, &calls)); err != nil || got != want {
+		t.Errorf("Get = %+v, %v; want %+v kept", got, err, want)
+	}
+}

@@ -15,43 +15,66 @@ type Write struct {
 	Guard Guard
 	// Order is the row to insert; its SKU and Quantity are the decrement.
 	Order Order
-	// Stock and Version are the inventory as the caller read it (step 3).
-	// The new stock is Stock - Quantity for every guard but atomic.
+	// Stock and Version are the inventory as the caller read it (step 3),
+	// a pair read together (as the cache holds them). The new stock is
+	// Stock - Quantity for every guard but atomic.
 	Stock   int64
 	Version uint64
 	// Token is the lease's fencing token (fencing guard).
 	Token uint64
 }
 
-// PlaceOrder runs step 6 of the flow in one transaction: the guarded UPDATE
-// of the inventory row, a check that it changed the row, the INSERT of the
-// order, and a read-back of the new stock and version. beforeCommit, if not
+// PlaceOrder runs step 6 of the flow in one transaction: the INSERT of the
+// order, the guarded UPDATE of the inventory row and a check that it changed
+// the row (the UPDATE first under the version guard). beforeCommit, if not
 // nil, has the last word: an error from it rolls everything back and is
 // returned (the flow uses it to refuse writing once its lease is lost).
+//
+// It returns the SKU's stock and version after the write, for the cache
+// (SKU, Stock and Version; Fence too under the fencing guard), without
+// reading the row back inside the transaction: the UPDATE's own reply
+// carries the new version (see guardedUpdate), and the new stock is the one
+// written, Stock - Quantity. The atomic guard decrements in place, so its
+// new stock is known only when the version read was the one just before
+// ours; otherwise the row is read after the commit, outside the row lock,
+// and may show a later write still. Version 0 means that read failed: the
+// stock is unknown, nothing to cache.
 //
 // A refused guard returns ErrConflict (version), ErrStaleFence (fencing) or
 // ErrOutOfStock (atomic); a missing row ErrUnknownSKU; an idempotency key
 // already used ErrDuplicate. In every error case nothing was written.
 func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() error) (Inventory, error) {
-	var inv Inventory
+	inv := Inventory{SKU: w.Order.SKU}
+	// The UPDATE locks the SKU's row until the commit, and every order of a
+	// hot SKU queues on that lock: the less runs after it the better, so the
+	// INSERT goes first (a refused guard rolls it back with the rest). The
+	// version guard is the exception: without a lock, racing replicas make
+	// it refuse often (every stale read), and a refusal should not cost an
+	// INSERT and its undo.
+	insertFirst := w.Guard != GuardVersion
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		res := guardedUpdate(tx, w)
-		if res.Error != nil {
-			return res.Error
+		if insertFirst {
+			if err := insertOrder(tx, w); err != nil {
+				return err
+			}
+		}
+		version, changed, err := guardedUpdate(ctx, tx, w)
+		if err != nil {
+			return err
 		}
 		// Every guard bumps version, so a row that matched also changed:
 		// zero rows means the guard refused, or there is no such SKU.
-		if res.RowsAffected == 0 {
+		if !changed {
 			return refused(tx, w)
 		}
-		if err := tx.Create(&w.Order).Error; err != nil {
-			if mysqlErrno(err) == errDupEntry && w.Order.IdempotencyKey != nil {
-				return ErrDuplicate
-			}
-			return err
+		inv.Version = version
+		if w.Guard == GuardFencing {
+			inv.Fence = w.Token
 		}
-		if err := tx.Take(&inv, "sku = ?", w.Order.SKU).Error; err != nil {
-			return err
+		if !insertFirst {
+			if err := insertOrder(tx, w); err != nil {
+				return err
+			}
 		}
 		if beforeCommit != nil {
 			return beforeCommit()
@@ -64,29 +87,77 @@ func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() err
 	if err != nil {
 		return Inventory{}, fmt.Errorf("place order on %q: %w", w.Order.SKU, err)
 	}
+	switch {
+	case w.Guard != GuardAtomic || inv.Version == w.Version+1:
+		// Stock and version change together, so the stock read at
+		// w.Version was the stock our write started from.
+		inv.Stock = w.Stock - w.Order.Quantity
+	default:
+		// Another write came between our read and ours: read the row,
+		// now that the commit has released it.
+		if now, err := s.Inventory(ctx, w.Order.SKU); err == nil {
+			inv = Inventory{SKU: now.SKU, Stock: now.Stock, Version: now.Version}
+		} else {
+			inv.Version = 0
+		}
+	}
 	return inv, nil
 }
 
-// guardedUpdate runs the guard's write, exactly as DESIGN.md states it. All
-// four also bump version: the cache orders its entries by it.
-func guardedUpdate(tx *gorm.DB, w Write) *gorm.DB {
+// insertOrder inserts w's order; its key already used is ErrDuplicate.
+func insertOrder(tx *gorm.DB, w Write) error {
+	err := tx.Create(&w.Order).Error
+	if mysqlErrno(err) == errDupEntry && w.Order.IdempotencyKey != nil {
+		return ErrDuplicate
+	}
+	return err
+}
+
+// guardedUpdate runs the guard's write, exactly as DESIGN.md states it, and
+// returns the row's new version and whether the row changed. All four also
+// bump version (the cache orders its entries by it) through
+// LAST_INSERT_ID(version + 1): MySQL then returns the new version as the
+// insert id of the UPDATE's own reply, which spares a read-back SELECT
+// inside the transaction, while the row is locked.
+func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, changed bool, err error) {
 	sku, q := w.Order.SKU, w.Order.Quantity
+	var query string
+	var args []any
 	switch w.Guard {
 	case GuardNone:
-		return tx.Exec(`UPDATE inventory SET stock = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ?`, w.Stock-q, sku)
+		query = `UPDATE inventory SET stock = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
+			WHERE sku = ?`
+		args = []any{w.Stock - q, sku}
 	case GuardVersion:
-		return tx.Exec(`UPDATE inventory SET stock = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ? AND version = ?`, w.Stock-q, sku, w.Version)
+		query = `UPDATE inventory SET stock = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
+			WHERE sku = ? AND version = ?`
+		args = []any{w.Stock - q, sku, w.Version}
 	case GuardFencing:
-		return tx.Exec(`UPDATE inventory SET stock = ?, fence = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ? AND fence < ?`, w.Stock-q, w.Token, sku, w.Token)
+		query = `UPDATE inventory SET stock = ?, fence = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
+			WHERE sku = ? AND fence < ?`
+		args = []any{w.Stock - q, w.Token, sku, w.Token}
 	case GuardAtomic:
-		return tx.Exec(`UPDATE inventory SET stock = stock - ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ? AND stock >= ?`, q, sku, q)
+		query = `UPDATE inventory SET stock = stock - ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
+			WHERE sku = ? AND stock >= ?`
+		args = []any{q, sku, q}
+	default:
+		return 0, false, fmt.Errorf("unknown guard %q", w.Guard)
 	}
-	tx.AddError(fmt.Errorf("unknown guard %q", w.Guard))
-	return tx
+	// The transaction's own connection, for the driver's result: gorm's
+	// Exec keeps RowsAffected but drops the insert id.
+	res, err := tx.Statement.ConnPool.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n == 0 {
+		return 0, false, err
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return 0, false, err
+	}
+	return uint64(id), true, nil
 }
 
 // refused tells a refusing guard from a missing SKU.

@@ -2,9 +2,9 @@
 // the inventory, the orders, and the replicas running against them.
 //
 // Its one interesting method is PlaceOrder: the guarded write of step 6 of
-// the flow. One transaction runs the guard's UPDATE, checks that it changed
-// a row, inserts the order, and reads the new stock and version back for the
-// cache. Everything the guard refuses, and every MySQL error a caller must
+// the flow. One transaction inserts the order, runs the guard's UPDATE and
+// checks that it changed a row; the UPDATE's reply carries the new version
+// for the cache. Everything the guard refuses, and every MySQL error a caller must
 // act on, comes back as one of the sentinel errors below.
 package storage
 
