@@ -13,6 +13,7 @@ import (
 type FaultRow struct {
 	Fault, Backend, Guard string
 	Runs, Safe, Failed    int
+	Fired                 int // runs whose fault did strike
 	NotApplicable         bool
 	Oversold, LostUpdates int
 	LostAcks, Duplicates  int
@@ -23,7 +24,7 @@ type FaultRow struct {
 // Cells is the row as the tables print it.
 func (f FaultRow) Cells() []string {
 	if f.NotApplicable {
-		return []string{f.Fault, f.Backend, f.Guard, "n/a", "-", "-", "-", "-", "-", "-"}
+		return []string{f.Fault, f.Backend, f.Guard, "n/a", "-", "-", "-", "-", "-", "-", "-"}
 	}
 	safe := "yes"
 	switch {
@@ -39,12 +40,13 @@ func (f FaultRow) Cells() []string {
 	if f.RecoveryMS != nil {
 		rec = num(*f.RecoveryMS)
 	}
-	return []string{f.Fault, f.Backend, f.Guard, safe, strconv.Itoa(f.Oversold), strconv.Itoa(f.LostUpdates),
+	fired := fmt.Sprintf("%d/%d", f.Fired, f.Runs)
+	return []string{f.Fault, f.Backend, f.Guard, safe, fired, strconv.Itoa(f.Oversold), strconv.Itoa(f.LostUpdates),
 		strconv.Itoa(f.LostAcks + f.Duplicates), strconv.Itoa(f.Overlaps), strconv.Itoa(f.Refused), rec}
 }
 
 // FaultHeads names FaultRow.Cells.
-var FaultHeads = []string{"scenario", "backend", "guard", "safe?", "oversold", "lost upd", "lost acks+dup", "overlaps", "refused", "recovery ms"}
+var FaultHeads = []string{"scenario", "backend", "guard", "safe?", "fired", "oversold", "lost upd", "lost acks+dup", "overlaps", "refused", "recovery ms"}
 
 // FaultRows groups the fault runs of results by scenario, backend and guard,
 // in the order they first ran. Runs without a fault are left out.
@@ -75,6 +77,9 @@ func FaultRows(results []Result) []FaultRow {
 			row.Failed++
 			continue
 		}
+		if !r.NotFired {
+			row.Fired++
+		}
 		row.Oversold += r.Oversold
 		row.LostUpdates += r.LostUpdates
 		row.LostAcks += r.LostAcks
@@ -100,6 +105,9 @@ func (r Result) Story() string {
 		return "could not run: " + firstLine(r.Error)
 	}
 	var parts []string
+	if r.NotFired {
+		parts = append(parts, "FAULT DID NOT FIRE (the run says nothing about "+r.Fault+")")
+	}
 	if len(r.FaultEvents) > 0 {
 		parts = append(parts, strings.Join(r.FaultEvents, "; "))
 	}
@@ -137,7 +145,7 @@ func plural(n int, one, many string) string {
 }
 
 // faultDefinitions says what the faults table's columns mean.
-const faultDefinitions = `*safe?* = every invariant held in every run of the cell (n/a: the scenario does not apply to the backend). *overlaps* = pairs of leases on one key that two replicas held at once, from the replicas' own lease records (acquired, released or lost), one clock. *refused* = stale writes the MySQL guard refused (version conflicts and stale fences). *recovery* = the longest time from the fault to the next order decided on the disrupted SKU.`
+const faultDefinitions = `*safe?* = every invariant held in every run of the cell (n/a: the scenario, or guard fencing on a backend without a token, does not apply). *fired* = runs in which the fault did strike, of the cell's runs. *overlaps* = pairs of leases on one key that two replicas held at once, from the replicas' own lease records (acquired, released or lost), one clock. *refused* = stale writes the MySQL guard refused (version conflicts and stale fences). *recovery* = the longest time from the fault to the next order decided on the disrupted SKU.`
 
 // writeFaultsMarkdown writes the faults table and one line per fault run.
 func writeFaultsMarkdown(w io.Writer, results []Result) {

@@ -14,15 +14,16 @@ func TestFaultRows(t *testing.T) {
 		{Backend: "redis", Guard: "none", Fault: "pause-holder", Overlaps: 2, Safe: true},
 		{Backend: "redis", Guard: "version", Fault: "kill-holder", Safe: true, RecoveryMS: &ms, StaleWritesRefused: 3},
 		{Backend: "local", Guard: "none", Fault: "pause-holder", NotApplicable: true},
+		{Backend: "etcd", Guard: "none", Fault: "pause-holder", NotFired: true, Safe: true},
 	}
 	rows := FaultRows(results)
-	if len(rows) != 3 {
-		t.Fatalf("%d rows, want 3: %+v", len(rows), rows)
+	if len(rows) != 4 {
+		t.Fatalf("%d rows, want 4: %+v", len(rows), rows)
 	}
-	if got := strings.Join(rows[0].Cells(), " "); got != "pause-holder redis none NO (1/2) 0 1 0 3 0 -" {
+	if got := strings.Join(rows[0].Cells(), " "); got != "pause-holder redis none NO (1/2) 2/2 0 1 0 3 0 -" {
 		t.Errorf("row 0: %q", got)
 	}
-	if got := strings.Join(rows[1].Cells(), " "); got != "kill-holder redis version yes 0 0 0 0 3 1500" {
+	if got := strings.Join(rows[1].Cells(), " "); got != "kill-holder redis version yes 1/1 0 0 0 0 3 1500" {
 		t.Errorf("row 1: %q", got)
 	}
 	if !rows[2].NotApplicable || rows[2].Cells()[3] != "n/a" {
@@ -30,6 +31,12 @@ func TestFaultRows(t *testing.T) {
 	}
 	if s := results[3].Story(); !strings.Contains(s, "guard version refused 3 stale writes") || !strings.Contains(s, "orders resumed after 1500 ms") {
 		t.Errorf("story %q", s)
+	}
+	if got := rows[3].Cells()[4]; got != "0/1" {
+		t.Errorf("row 3 fired %q, want 0/1", got)
+	}
+	if s := results[5].Story(); !strings.HasPrefix(s, "FAULT DID NOT FIRE") {
+		t.Errorf("story of a fault that did not fire: %q", s)
 	}
 	var md bytes.Buffer
 	writeFaultsMarkdown(&md, results)

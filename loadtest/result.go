@@ -67,6 +67,18 @@ type Result struct {
 	// Violations are properties the fault checked itself that did not hold;
 	// any makes the run unsafe.
 	Violations []string `json:"violations,omitempty"`
+	// NotFired: the run had a fault that never struck (the load ended
+	// first, say): its invariants say nothing about the fault.
+	NotFired bool `json:"fault_not_fired,omitempty"`
+
+	// Memory (issue 7).
+
+	// PeakRSSMB is the largest peak resident set size (VmHWM) of the run's
+	// replicas, in MiB, read just before they stop; 0 where unknown.
+	PeakRSSMB float64 `json:"peak_rss_mb,omitempty"`
+	// ReplicaPeakRSSMB is each replica's, by name (a replica restarted
+	// by a fault reports its last process only).
+	ReplicaPeakRSSMB map[string]float64 `json:"replica_peak_rss_mb,omitempty"`
 }
 
 // Phases is how long each step of a run took, in seconds of wall time.

@@ -65,6 +65,10 @@ type Fault struct {
 	Backends []string
 }
 
+// TokenlessBackends have no fencing token (Token is always 0): guard fencing
+// does not apply to them. Redlock has none that is safe (DESIGN.md).
+var TokenlessBackends = []string{"none", "redlock"}
+
 // Applies reports whether the fault makes sense for backend.
 func (f Fault) Applies(backend string) bool {
 	return f.Backends == nil || slices.Contains(f.Backends, backend)
@@ -95,6 +99,27 @@ type Run struct {
 	violations []string
 	disrupted  []disruption
 	acked      []string
+	fired      bool
+	recovered  time.Duration // the longest the fault measured itself
+}
+
+// Fired marks that the fault did strike (a replica paused holding a lease,
+// a path cut under a holder, a server restarted under a lease) and notes
+// what it did, in words. A run whose fault never called Fired is reported
+// as "fault did not fire": its invariants say nothing about the fault.
+func (r *Run) Fired(format string, args ...any) {
+	r.mu.Lock()
+	r.fired = true
+	r.mu.Unlock()
+	r.Eventf(format, args...)
+}
+
+// Recovered records a recovery time the fault measured itself, on orders
+// it drove (the load's answers are measured through Disrupted).
+func (r *Run) Recovered(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recovered = max(r.recovered, d)
 }
 
 type disruption struct {
@@ -229,6 +254,13 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 			return nil
 		}
 	}
+	if spec.Guard == "fencing" && slices.Contains(TokenlessBackends, spec.Backend) {
+		// Every write would carry token 0 and be refused: a run that sells
+		// nothing says nothing about fencing.
+		res.NotApplicable = true
+		res.Notes = append(res.Notes, fmt.Sprintf("guard fencing does not apply to backend %s: it has no fencing token", spec.Backend))
+		return nil
+	}
 	run := &Run{
 		Spec:       spec,
 		Servers:    rn.Servers.clone(),
@@ -309,6 +341,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 			res.Notes = append(res.Notes, crashed)
 		}
 		res.StaleWritesRefused = m.Conflicts
+		res.PeakRSSMB, res.ReplicaPeakRSSMB = run.Fleet.PeakRSS()
 		// Stop before checking: a request still inside a replica could
 		// otherwise commit after the check.
 		rn.stopFleet(ctx, run, res)
@@ -330,10 +363,15 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	faultAcked := slices.Clone(run.acked)
 	res.FaultEvents = slices.Clone(run.events)
 	res.Violations = slices.Clone(run.violations)
+	fired, recovered := run.fired, run.recovered
 	run.mu.Unlock()
-	if d, ok, unrecovered := run.recovery(atk.Answers); ok || unrecovered > 0 {
-		if ok {
-			ms := round(float64(d) / float64(time.Millisecond))
+	if spec.Fault != "" && fault.Inject != nil && !fired {
+		res.NotFired = true
+		res.Notes = append(res.Notes, "fault did not fire: the run says nothing about "+spec.Fault)
+	}
+	if d, ok, unrecovered := run.recovery(atk.Answers); ok || unrecovered > 0 || recovered > 0 {
+		if ok || recovered > 0 {
+			ms := round(float64(max(d, recovered)) / float64(time.Millisecond))
 			res.RecoveryMS = &ms
 		}
 		if unrecovered > 0 {

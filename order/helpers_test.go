@@ -173,8 +173,8 @@ func (c staleCache) Get(ctx context.Context, sku string, load func(context.Conte
 	return item, err
 }
 
-// losingStore closes lose when the write starts, inside the transaction's
-// reach: only the check right before the commit can see it.
+// losingStore closes lose when the write starts, after the flow's one Lost
+// check: nothing in the flow can see it, only a guard.
 type losingStore struct {
 	order.Store
 	lose chan struct{}

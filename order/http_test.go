@@ -1,7 +1,9 @@
 package order_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -320,16 +322,53 @@ func TestLockAndGuardErrors(t *testing.T) {
 		}
 	})
 
-	t.Run("lock_lost before the commit", func(t *testing.T) {
+	t.Run("lock_lost during the work, at the one check", func(t *testing.T) {
+		// The lease is lost while the holder works (step 5): the single
+		// check before the write sees it, and the before-write hook, which
+		// comes after that check, is never reached.
 		f.stock("late", 5)
 		lose := make(chan struct{})
-		svc := f.serviceWith(losingStore{f.openStore(), lose}, nil, lostLocker{local.New(), lose}, order.Config{Lock: "local"})
+		var points []order.HookPoint
+		hook := func(ctx context.Context, at order.HookPoint, h order.HookInfo) {
+			points = append(points, at)
+			if at == order.HookAfterRead {
+				close(lose)
+			}
+		}
+		svc := f.service(lostLocker{local.New(), lose}, order.Config{Lock: "local", FaultHook: hook})
 		rec := post(svc.Handler(), "late", 1)
 		if code := errorCode(t, rec); rec.Code != 409 || code != "lock_lost" {
 			t.Errorf("%d %s, want 409 lock_lost", rec.Code, code)
 		}
 		if a := f.audit("late"); a.Stock != 5 || a.Orders != 0 {
-			t.Errorf("%+v, want untouched: the transaction rolled back", a)
+			t.Errorf("%+v, want untouched", a)
+		}
+		if fmt.Sprint(points) != "[after-read]" {
+			t.Errorf("hook points %v, want [after-read] only: the check comes before the before-write hook", points)
+		}
+	})
+
+	t.Run("lost after the check: only a guard can refuse", func(t *testing.T) {
+		// The lease is lost once the write has begun, past the one check:
+		// nothing in the flow looks again (a check can only narrow the
+		// window), so with guard none the write lands. This is the gap the
+		// fencing and version guards close.
+		f.stock("past", 5)
+		lose := make(chan struct{})
+		var points []order.HookPoint
+		hook := func(ctx context.Context, at order.HookPoint, h order.HookInfo) { points = append(points, at) }
+		svc := f.serviceWith(losingStore{f.openStore(), lose}, nil, lostLocker{local.New(), lose},
+			order.Config{Lock: "local", Guard: storage.GuardNone, FaultHook: hook})
+		rec := post(svc.Handler(), "past", 1)
+		if rec.Code != 201 {
+			t.Errorf("%d %s, want 201: no check after the one before the write", rec.Code, rec.Body)
+		}
+		if a := f.audit("past"); a.Stock != 4 || a.Orders != 1 {
+			t.Errorf("%+v, want the order written", a)
+		}
+		want := "[after-read before-write before-commit before-cache after-commit]"
+		if fmt.Sprint(points) != want {
+			t.Errorf("hook points %v, want %s", points, want)
 		}
 	})
 

@@ -55,15 +55,24 @@ type Config struct {
 type HookPoint string
 
 const (
-	// HookBeforeWrite: the lease is held and the stock read (steps 2 to
-	// 5 done); nothing is written yet.
+	// HookAfterRead: the lease is held and the stock read (steps 2 to 4
+	// done), before step 5's work and before the Lost check: a holder
+	// kept here while its renewals fail must find its lease lost at the
+	// check and abort without writing.
+	HookAfterRead HookPoint = "after-read"
+	// HookBeforeWrite: the lease is held, the stock read, step 5 done and
+	// the one Lost check passed; nothing is written yet. A pause here is
+	// Kleppmann's GC pause: the holder resumes past its lease and writes
+	// anyway, which no check made before the pause can see.
 	HookBeforeWrite HookPoint = "before-write"
 	// HookBeforeCommit: inside step 6's transaction, after the guarded
-	// write and the order insert and after the last Lost() check, just
-	// before COMMIT: the last moment a pause can still make the write land
-	// after the lease expired (Kleppmann's GC pause, which no check made
-	// before it can see).
+	// write and the order insert, just before COMMIT (the lab kills
+	// connections here).
 	HookBeforeCommit HookPoint = "before-commit"
+	// HookBeforeCache: step 6 committed, step 7's cache update not done
+	// yet: a holder paused here leaves the cache behind MySQL, the limit of
+	// the fencing guard that DESIGN.md admits.
+	HookBeforeCache HookPoint = "before-cache"
 	// HookAfterCommit: step 6 committed and step 7 done, before the
 	// release and the reply.
 	HookAfterCommit HookPoint = "after-commit"
@@ -181,9 +190,21 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 		return Order{}, false, fmt.Errorf("%q has %d, ordered %d: %w", req.SKU, item.Stock, req.Quantity, storage.ErrOutOfStock)
 	}
 
+	s.hook(ctx, HookAfterRead, req, lease)
+
 	// 5. business logic inside the critical section
 	if err := sleep(ctx, s.cfg.WorkDelay); err != nil {
 		return Order{}, false, err
+	}
+
+	// A lease known to be lost must not write. This is the only check, made
+	// once, right before the write: a check can only narrow the window,
+	// never close it. A holder paused (GC, SIGSTOP, a slow network) right
+	// after any check, even one just before COMMIT, still writes with a
+	// lost lease (Kleppmann, "How to do distributed locking", 2016); that is
+	// what the guards in step 6 are for.
+	if lost(lease) {
+		return Order{}, false, fmt.Errorf("%w before the write", ErrLockLost)
 	}
 	s.hook(ctx, HookBeforeWrite, req, lease)
 
@@ -192,6 +213,7 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 	if err != nil {
 		return s.refused(ctx, req, err)
 	}
+	s.hook(ctx, HookBeforeCache, req, lease)
 
 	// 7. the cache takes the new stock. The order is committed whatever
 	// happens here: a failure leaves an older entry, which the version
@@ -205,12 +227,9 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 	return fromStorage(placed), false, nil
 }
 
-// write is step 6. A lease known to be lost must not write: Lost is checked
-// before the transaction and again right before its commit.
+// write is step 6: the guarded write and the order in one transaction. The
+// lease was checked once before it (placeOnce); there is no second check.
 func (s *Service) write(ctx context.Context, req Request, seen inventory.Item, lease locking.Lease) (storage.Order, storage.Inventory, error) {
-	if lost(lease) {
-		return storage.Order{}, storage.Inventory{}, fmt.Errorf("%w before the write", ErrLockLost)
-	}
 	var token uint64
 	if lease != nil {
 		token = lease.Token()
@@ -230,9 +249,6 @@ func (s *Service) write(ctx context.Context, req Request, seen inventory.Item, l
 	}
 	w := storage.Write{Guard: s.cfg.Guard, Order: o, Stock: seen.Stock, Version: seen.Version, Token: token}
 	inv, err := s.store.PlaceOrder(ctx, w, func() error {
-		if lost(lease) {
-			return fmt.Errorf("%w before the commit", ErrLockLost)
-		}
 		s.hook(ctx, HookBeforeCommit, req, lease)
 		return nil
 	})

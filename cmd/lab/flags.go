@@ -37,6 +37,7 @@ type config struct {
 	seed             int64
 	faults           []string // scenarios, each run on every backend and guard
 	repeat           int      // runs of each configuration, seeds seed, seed+1, ...
+	sweep            sweepConfig
 }
 
 // usageError is a bad command line: exit status 2, one line naming the flag.
@@ -76,13 +77,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&backendList, "backends", "", "comma-separated lock backends: none,"+strings.Join(backends.Names, ",")+
 		"\n(default: all of them with guard none, plus none with guards version and atomic)")
 	fs.StringVar(&guardList, "guards", "", "comma-separated guards, crossed with --backends: "+strings.Join(guardNames(), ",")+" (default none)")
-	fs.IntVar(&c.replicas, "replicas", 3, "orderd replicas behind the balancer")
+	c.replicas, c.skus = 3, 1
+	fs.Var(intList{&c.replicas, &c.sweep.replicas}, "replicas", "orderd replicas behind the balancer; with --sweep a comma-separated list, 1,2,3,4 unless given")
 	fs.IntVar(&c.stock, "stock", 100, "initial stock per SKU")
 	fs.IntVar(&c.requests, "requests", 600, "orders sent per run (more than the stock, so it runs out)")
 	fs.IntVar(&c.rate, "rate", 1000, "orders per second offered; above what a lock sustains here, so req/s measures capacity")
 	fs.IntVar(&c.workers, "workers", 64, "orders in flight at most")
 	fs.DurationVar(&c.workDelay, "work-delay", 2*time.Millisecond, "simulated work inside the critical section (OVERSOLD_WORK_DELAY)")
-	fs.IntVar(&c.skus, "skus", 1, "hot SKUs, ordered round-robin")
+	fs.Var(intList{&c.skus, &c.sweep.skus}, "skus", "hot SKUs, ordered round-robin; with --sweep a comma-separated list, 1,4,16 unless given")
 	fs.DurationVar(&c.lockTTL, "lock-ttl", 2*time.Second, "lease time to live (OVERSOLD_LOCK_TTL)")
 	fs.Var(&c.servers, "servers", serversHelp)
 	fs.StringVar(&c.target, "target", "", "base URL of replicas already running behind a balancer (the compose demo):\n"+
@@ -96,6 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&faultList, "fault", "", "comma-separated fault scenarios: "+strings.Join(faultNames(), ",")+
 		"\n(with a fault, --guards defaults to none,version,fencing and --backends to all)")
 	fs.IntVar(&c.repeat, "repeat", 1, "runs of each configuration, with seeds --seed, --seed+1, ...")
+	fs.BoolVar(&c.sweep.on, "sweep", false, sweepHelp)
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -160,6 +163,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if c.out == "" {
 		return c, badFlag("out", "must name a folder")
 	}
+	if err := c.checkSweep(given); err != nil {
+		return c, err
+	}
 	if c.target != "" {
 		u, err := url.Parse(c.target)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -216,6 +222,9 @@ func guardNames() []string {
 
 // specs is the experiment the flags ask for, in run order.
 func (c config) specs() []loadtest.Spec {
+	if c.sweep.on {
+		return c.sweepSpecs()
+	}
 	type pair struct{ backend, guard string }
 	var pairs []pair
 	if c.backends == nil && c.guards == nil {

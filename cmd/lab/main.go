@@ -5,6 +5,8 @@
 //	go run ./cmd/lab --backends redis,etcd --guards none,fencing
 //	go run ./cmd/lab --backends none --guards version,atomic
 //	go run ./cmd/lab --json > results.json
+//	go run ./cmd/lab --sweep              every backend against the lock-free ceiling, replicas 1-4, SKUs 1, 4, 16
+//	go run ./cmd/lab --sweep --backends redis --replicas 1,3 --skus 1,16
 //
 // For every run it starts fresh orderd replicas (each its own OS process)
 // behind an in-process round-robin balancer, resets the run's own SKUs
@@ -22,9 +24,10 @@
 //	OVERSOLD_ADMIN_TOKEN=... go run ./cmd/lab --target http://127.0.0.1:8080 --backends redis --guards version
 //
 // Progress and the final table go to stderr; results.json, results.md and
-// report.html to --out. With --json, stdout holds the results array and
-// nothing else. Exit status: 0 when the experiment ran, whatever it found; 1
-// when it could not run; 2 for bad flags.
+// report.html to --out, and sweep.md after a sweep. With --json, stdout
+// holds the results array and nothing else. Exit status: 0 when the
+// experiment ran, whatever it found; 1 when it could not run; 2 for bad
+// flags.
 package main
 
 import (
@@ -132,6 +135,9 @@ func lab(ctx context.Context, cfg config, args []string, stdout, stderr io.Write
 			break
 		}
 		label := fmt.Sprintf("[%d/%d] %s", i+1, len(specs), spec.Name())
+		if cfg.sweep.on {
+			label += sweepLabel(spec)
+		}
 		p := startProgress(stderr, tty, label, spec.Requests)
 		start := time.Now()
 		var res loadtest.Result
@@ -154,8 +160,14 @@ func lab(ctx context.Context, cfg config, args []string, stdout, stderr io.Write
 	if err := loadtest.WriteReport(cfg.out, rep); err != nil {
 		return err
 	}
-	fmt.Fprintln(stderr)
-	loadtest.WriteTable(stderr, results)
+	if cfg.sweep.on {
+		if err := reportSweep(cfg.out, rep, stderr); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintln(stderr)
+		loadtest.WriteTable(stderr, results)
+	}
 	if slices.ContainsFunc(results, func(r loadtest.Result) bool { return r.Fault != "" }) {
 		fmt.Fprintln(stderr)
 		loadtest.WriteFaultTable(stderr, results)

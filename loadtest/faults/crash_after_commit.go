@@ -36,51 +36,34 @@ func CrashAfterCommit() loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			// Let the load get underway first.
-			c, err := nth(ctx, hook, warmup(run), at(atBeforeWrite, ""))
-			if err != nil {
-				eventf(run, "the load ended before it got underway")
-				return nil
-			}
-			c.Answer()
-
+			ctx, cancel := detach(ctx)
+			defer cancel()
 			key, sku := run.KeyPrefix+"-crash", run.FaultSKU
 			client := &http.Client{Timeout: 30 * time.Second}
 			defer client.CloseIdleConnections()
+			// The fault's own order, caught at the hook after its commit;
+			// registered before it is sent, so it cannot slip past.
+			caught := hook.expect(byKey(atAfterCommit, key))
 			first := make(chan placed, 1)
 			go func() { first <- place(ctx, client, r.URL, sku, key) }()
-
-			wait, cancel := context.WithCancel(ctx)
 			var victim *hookCall
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				victim, _ = hook.next(wait, func(c *hookCall) bool { return c.At == atAfterCommit && c.Key == key })
-			}()
-			var p placed
-			answered := false
 			select {
-			case <-done:
-			case p = <-first: // answered without committing: out of stock, lock timeout
-				answered = true
-				cancel()
-				<-done
-			}
-			cancel()
-			if victim == nil {
-				if !answered {
-					p = <-first
-				}
-				eventf(run, "the fault's own order %s on %s did not commit (status %d, %v): nothing to crash", key, r.Name, p.status, p.err)
+			case victim = <-caught:
+			case p := <-first:
+				eventf(run, "nothing injected: the fault's own order %s on %s did not commit (status %d %s, %v)", key, r.Name, p.status, p.code, p.err)
+				return nil
+			case <-ctx.Done():
+				eventf(run, "nothing injected: the fault's own order %s on %s did not commit in time", key, r.Name)
 				return nil
 			}
+			var p placed
 			t0 := time.Now()
 			err = r.Kill()
 			victim.Answer()
 			if err != nil {
 				return fmt.Errorf("kill %s: %w", r.Name, err)
 			}
-			eventf(run, "%s killed (SIGKILL) after committing order key %s, before answering", victim, key)
+			run.Fired("%s killed (SIGKILL) after committing order key %s, before answering", victim, key)
 			if p = <-first; p.status != 0 {
 				run.Violatedf("the killed replica answered %d", p.status)
 			}
@@ -128,6 +111,7 @@ func CrashAfterCommit() loadtest.Fault {
 type placed struct {
 	status int
 	id     string
+	code   string // the error answer's code: lock_lost, conflict, ...
 	err    error
 }
 
@@ -147,10 +131,13 @@ func place(ctx context.Context, client *http.Client, base, sku, key string) plac
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var o struct {
-		ID string `json:"id"`
+		ID    string `json:"id"`
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
 	}
 	_ = json.Unmarshal(b, &o)
-	return placed{status: resp.StatusCode, id: o.ID}
+	return placed{status: resp.StatusCode, id: o.ID, code: o.Error.Code}
 }
 
 // ordersWithKey counts the orders MySQL holds for an Idempotency-Key.

@@ -2,7 +2,6 @@ package faults
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/oversold-lab/oversold/loadtest"
@@ -11,19 +10,16 @@ import (
 // DelayedWrite is Kleppmann's delayed packet ("How to do distributed
 // locking", 2016): the holder sends its write while its lease is valid, and
 // the write reaches MariaDB after the lease expired and a second holder
-// wrote. Right after a replica has read the stock under its lease, its
-// network turns slow: a latency of one TTL each way on its path to MariaDB
-// and on its path to the lock server (the same path for backend mysql). Its
-// renewals time out, the lease ends, another replica takes the lock and
-// writes; the path heals once that second write is done, and the first
-// write lands on top of it.
-//
-// Two checks stand in the way. The guards: version and fencing refuse the
-// late write (counted as stale writes refused). And the flow's own Lost
-// check right before COMMIT: under guard none the late UPDATE does apply,
-// but the transaction then finds the lease lost and rolls back. A write can
-// only get through if the delay strikes after that last check, with COMMIT
-// itself in flight.
+// wrote. The fault drives the orders itself, on the run's fault SKU: r1's
+// (only r1 has proxies) is caught at the hook before the write, right after
+// the flow's one Lost check; its network then turns slow: a latency of one
+// lease life each way on its path to MariaDB and on its path to the lock
+// server (the same path for backend mysql), and it sends its write. Its
+// renewals time out, the lease ends, r2 takes the lock and writes; the path
+// heals once that second write is done, and the first write lands on top of
+// it. Guard none: the late write overwrites the second one (a lost update);
+// fencing and version refuse it (stale writes refused). No check in the
+// flow can stop it: the write was already on its way when the lease ended.
 func DelayedWrite() loadtest.Fault {
 	type state struct {
 		hook *insideHook
@@ -64,35 +60,49 @@ func DelayedWrite() loadtest.Fault {
 				return err
 			}
 			defer st.ps.heal()
-			name := fmt.Sprintf("r%d", victim+1)
-			c, err := victimCall(ctx, run, st.hook, name)
+			r, err := replica(run, victim)
 			if err != nil {
+				return err
+			}
+			next, err := replica(run, victim+1)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := detach(ctx)
+			defer cancel()
+			dr := newDriver(run)
+			defer dr.close()
+			caught := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-delayed"))
+			first := dr.send(ctx, r, "delayed")
+			c, err := catch(ctx, caught, first, 2*lockWait)
+			if err != nil {
+				notFired(run, err)
+				dr.wait(ctx, first, lockWait)
 				return nil
 			}
+			defer c.Answer()
 			d := leaseLife(run)
 			if err := st.ps.latency(d); err != nil {
-				c.Answer()
 				return err
 			}
 			t0 := time.Now()
 			c.Answer()
-			run.Eventf("%s read the stock under its lease; its paths to MariaDB and to the lock server now have %s latency each way, and it sends its write", c, d)
+			run.Fired("%s read the stock under its lease and passed its Lost check; its paths to MariaDB and to the lock server now have %s latency each way, and it sends its write", c, d)
 			// The late write should land after a second holder's write:
-			// heal a moment after the second holder went on, or after
-			// three TTLs without one.
-			limit := 3 * d
-			wait, cancel := context.WithTimeout(ctx, limit)
-			c2, err := st.hook.next(wait, secondHolder(c))
-			cancel()
-			if err == nil {
+			// heal a moment after the second holder committed.
+			seen := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
+			second := dr.send(ctx, next, "second")
+			if c2, err := catch(ctx, seen, second, d+lockWait); err == nil {
 				c2.Answer()
 				run.Eventf("%s took the same lock %s later and writes", c2, since(t0))
-				_ = sleepCtx(ctx, 300*time.Millisecond)
-			} else if ctx.Err() == nil {
-				run.Eventf("no second holder within %s", limit)
+			} else {
+				run.Eventf("no second holder: %v", err)
 			}
+			dr.wait(ctx, second, d+lockWait)
+			_ = sleepCtx(ctx, 300*time.Millisecond)
 			st.ps.heal()
 			run.Eventf("paths healed after %s: %s's delayed write reaches MariaDB now", since(t0), c.Replica)
+			dr.wait(ctx, first, faultLimit/2)
 			return nil
 		},
 	}

@@ -10,6 +10,7 @@ import "github.com/oversold-lab/oversold/loadtest"
 func All() map[string]loadtest.Fault {
 	return map[string]loadtest.Fault{
 		"pause-holder":          PauseHolder(),
+		"pause-after-commit":    PauseAfterCommit(),
 		"kill-holder":           KillHolder(),
 		"mysql-connection-kill": MySQLConnectionKill(),
 		"crash-after-commit":    CrashAfterCommit(),

@@ -16,9 +16,11 @@ import (
 // Hook points, as orderd names them (order.HookPoint) in its fault hook's
 // "at" parameter.
 const (
-	atBeforeWrite  = "before-write"  // lease held, stock read, nothing written
-	atBeforeCommit = "before-commit" // guarded write done, last Lost check passed, COMMIT next
-	atAfterCommit  = "after-commit"
+	atAfterRead    = "after-read"    // lease held, stock read; work and the one Lost check next
+	atBeforeWrite  = "before-write"  // lease held, stock read, Lost checked, nothing written
+	atBeforeCommit = "before-commit" // guarded write and order insert sent, COMMIT next
+	atBeforeCache  = "before-cache"  // committed; the cache update (step 7) next
+	atAfterCommit  = "after-commit"  // committed and cached; release and reply next
 )
 
 // hookCall is one call of a replica's fault hook (OVERSOLD_FAULT_HOOK): the
@@ -54,6 +56,16 @@ type insideHook struct {
 	calls   chan *hookCall
 	closing chan struct{}
 	served  chan struct{}
+
+	mu      sync.Mutex
+	waiters []*waiter // see expect
+}
+
+// waiter is a call a fault expects: the first call match accepts is handed
+// to ch and waits for the fault, whatever else the fault is doing.
+type waiter struct {
+	match func(*hookCall) bool
+	ch    chan *hookCall
 }
 
 // startInsideHook serves the hook on a free loopback port.
@@ -86,6 +98,16 @@ func (h *insideHook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c.At == "" {
 		c.At = atBeforeWrite
 	}
+	if x := h.expected(c); x != nil {
+		x.ch <- c // buffered: one call per waiter
+		select {
+		case <-c.answer:
+		case <-h.closing:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	select {
 	case h.calls <- c:
 		select {
@@ -96,6 +118,31 @@ func (h *insideHook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default: // no fault waiting: go on at once
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// expect registers the first call match will accept, from now on: that call
+// is delivered on the channel and waits there until the fault answers it.
+// Unlike next, nothing can slip past it, so a fault that registers before it
+// sends its own order always catches that order. Each waiter takes one call.
+func (h *insideHook) expect(match func(*hookCall) bool) <-chan *hookCall {
+	x := &waiter{match: match, ch: make(chan *hookCall, 1)}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.waiters = append(h.waiters, x)
+	return x.ch
+}
+
+// expected removes and returns the first waiter that accepts c, if any.
+func (h *insideHook) expected(c *hookCall) *waiter {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, x := range h.waiters {
+		if x.match(c) {
+			h.waiters = append(h.waiters[:i], h.waiters[i+1:]...)
+			return x
+		}
+	}
+	return nil
 }
 
 // next waits for a call that match accepts (nil: any), answering every other

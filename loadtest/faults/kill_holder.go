@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/oversold-lab/oversold/loadtest"
@@ -11,11 +12,13 @@ import (
 // KillHolder crashes a replica (SIGKILL) while it holds a lock, inside its
 // critical section before the write: the lease stays on the server until it
 // expires (TTL, session timeout), so the SKU takes no order until then. The
-// run's recovery_ms is that wait: from the kill to the next order decided on
-// the SKU by another replica. The client retries nothing: the killed
-// replica's request gets a 502 from the balancer, and nothing acknowledged
-// may be lost. The killed replica is started again at once, so the load goes
-// on with every replica.
+// fault drives the orders itself, on the run's fault SKU: the struck
+// replica's (the seed draws it), killed at the hook before the write, then
+// one to the next replica at once, which waits for the dead holder's lease.
+// The run's recovery_ms is that wait: from the kill to the second order's
+// answer. Nothing is retried: the killed order gets no answer, and nothing
+// acknowledged may be lost. The killed replica is started again, so the
+// load goes on with every replica.
 func KillHolder() loadtest.Fault {
 	var runs perRun[*insideHook]
 	return loadtest.Fault{
@@ -26,13 +29,20 @@ func KillHolder() loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			r, err := victimOf(run)
+			r, next, err := replicas(run)
 			if err != nil {
 				return err
 			}
-			c, err := nth(ctx, hook, warmup(run), at(atBeforeWrite, r.Name))
+			ctx, cancel := detach(ctx)
+			defer cancel()
+			d := newDriver(run)
+			defer d.close()
+			caught := hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-killed"))
+			first := d.send(ctx, r, "killed")
+			c, err := catch(ctx, caught, first, 2*lockWait)
 			if err != nil {
-				eventf(run, "the load ended before %s reached its critical section", r.Name)
+				notFired(run, err)
+				d.wait(ctx, first, lockWait)
 				return nil
 			}
 			t0 := time.Now()
@@ -41,13 +51,14 @@ func KillHolder() loadtest.Fault {
 			if err != nil {
 				return fmt.Errorf("kill %s: %w", r.Name, err)
 			}
-			run.Disrupted(c.SKU, t0)
-			eventf(run, "%s killed (SIGKILL) holding the lock", c)
+			run.Fired("%s killed (SIGKILL) holding the lock", c)
+			second := d.send(ctx, next, "after-kill")
+			if p := d.wait(ctx, second, leaseLife(run)+2*lockWait); p.status == http.StatusCreated {
+				run.Recovered(time.Since(t0))
+				run.Eventf("%s took the dead holder's lock and placed its order %s after the kill", next.Name, since(t0))
+			}
+			d.wait(ctx, first, lockWait)
 			if err := r.Start(ctx); err != nil {
-				if ctx.Err() != nil {
-					eventf(run, "the load ended before %s was back", r.Name)
-					return nil
-				}
 				return fmt.Errorf("restart %s: %w", r.Name, err)
 			}
 			eventf(run, "%s started again, ready %s after the kill", r.Name, since(t0))

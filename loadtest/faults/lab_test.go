@@ -127,7 +127,7 @@ func lab(t *testing.T, backend string) *loadtest.Runner {
 func short(fault, backend, guard string) loadtest.Spec {
 	return loadtest.Spec{
 		Backend: backend, Guard: guard, Fault: fault, Replicas: 3,
-		Stock: 20, SKUs: 1, Requests: 100, Rate: 200, Workers: 32,
+		Stock: 20, SKUs: 1, Requests: 60, Rate: 200, Workers: 16,
 		WorkDelay: 2 * time.Millisecond, LockTTL: time.Second, Seed: 1,
 	}
 }
@@ -140,7 +140,7 @@ func runFault(t *testing.T, spec loadtest.Spec) loadtest.Result {
 	defer cancel()
 	t0 := time.Now()
 	res := rn.Run(ctx, spec, nil)
-	t.Logf("%s in %s: %s", res.Name(), time.Since(t0).Round(100*time.Millisecond), res.Story())
+	t.Logf("%s in %s (phases %+v): %s", res.Name(), time.Since(t0).Round(100*time.Millisecond), res.Phases, res.Story())
 	for _, n := range res.Notes {
 		t.Logf("  note: %s", n)
 	}

@@ -16,11 +16,15 @@ const victim = 0
 // lockPathFault cuts or slows the victim's path to its lock server while it
 // is inside its critical section, holds it there until its lease must be
 // lost (Lost closes when the validity of the last confirmed renewal runs
-// out, at most one TTL later, before the server can expire the lease), then
-// heals the path and lets the victim go on. The victim must see Lost and
-// abort without writing (409 lock_lost): no invariant breaks, even with
-// guard none. What differs between scenarios is the toxic: latency beyond
-// the TTL (renewals time out) or a blackhole (a partition).
+// out, at most one TTL later, before the server can expire the lease) and
+// another replica took the lock, then heals the path and lets the victim
+// go on. The victim is held at the hook after its read, before its work and
+// the flow's one Lost check: it must find its lease lost there and abort
+// without writing (409 lock_lost): no invariant breaks, even with guard
+// none. What differs between scenarios is the toxic: latency beyond the TTL
+// (renewals time out) or a blackhole (a partition). The fault drives both
+// orders itself, on the run's fault SKU: the victim's, and the second
+// holder's on the next replica.
 func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 	type state struct {
 		hook *insideHook
@@ -53,9 +57,24 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 				return err
 			}
 			defer st.ps.heal()
-			name := fmt.Sprintf("r%d", victim+1)
-			c, err := victimCall(ctx, run, st.hook, name)
+			r, err := replica(run, victim)
 			if err != nil {
+				return err
+			}
+			next, err := replica(run, victim+1)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := detach(ctx)
+			defer cancel()
+			dr := newDriver(run)
+			defer dr.close()
+			caught := st.hook.expect(byKey(atAfterRead, run.KeyPrefix+"-cut"))
+			first := dr.send(ctx, r, "cut")
+			c, err := catch(ctx, caught, first, 2*lockWait)
+			if err != nil {
+				notFired(run, err)
+				dr.wait(ctx, first, lockWait)
 				return nil
 			}
 			defer c.Answer()
@@ -70,24 +89,26 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 				return err
 			}
 			t0 := time.Now()
-			run.Eventf("%s holds the lock; its path to the lock server now has %s", c, what)
-			// Another holder may come in once the server let the lease go;
-			// it goes on at once.
-			wait, cancel := context.WithTimeout(ctx, d+d/4+250*time.Millisecond)
-			if c2, err := st.hook.next(wait, secondHolder(c)); err == nil {
+			run.Fired("%s holds the lock; its path to the lock server now has %s", c, what)
+			// Another holder comes in once the server let the lease go.
+			seen := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
+			second := dr.send(ctx, next, "second")
+			if c2, err := catch(ctx, seen, second, d+lockWait); err == nil {
 				c2.Answer()
 				run.Eventf("%s took the same lock %s after the cut, while %s was still inside", c2, since(t0), c.Replica)
+			} else {
+				run.Eventf("no second holder while the path was cut: %v", err)
 			}
-			cancel()
-			if err := sleepCtx(ctx, d+d/4+250*time.Millisecond-time.Since(t0)); err != nil {
-				return nil
-			}
+			dr.wait(ctx, second, d+lockWait)
+			_ = sleepCtx(ctx, d+d/4+250*time.Millisecond-time.Since(t0))
 			st.ps.heal()
 			if blackhole {
 				// Let the client reconnect and learn its session's fate.
 				_ = sleepCtx(ctx, time.Second)
 			}
 			run.Eventf("path healed after %s; %s goes on and must find its lease lost", since(t0), c.Replica)
+			c.Answer()
+			dr.wait(ctx, first, faultLimit/2)
 			return nil
 		},
 	}

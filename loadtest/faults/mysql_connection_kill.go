@@ -19,13 +19,15 @@ const connectionKills = 3
 const innodbTrxRefresh = 150 * time.Millisecond
 
 // MySQLConnectionKill kills the replicas' MariaDB connections in the middle
-// of their order transactions, a few times per run: each time a replica
-// reaches the hook before COMMIT (its guarded UPDATE and order INSERT sent,
-// not committed), every connection to the run's database with an open
-// InnoDB transaction is killed (KILL CONNECTION), then the replica goes on
-// and its COMMIT fails. MariaDB rolls the whole transaction back: no partial
-// order (a stock write without its order, or the reverse), and since the
-// client got no 201 for it, no acknowledged order is lost.
+// of their order transactions, a few times per run. The fault drives those
+// orders itself, on the run's fault SKU, one replica after another: each is
+// caught at the hook before COMMIT (its guarded UPDATE and order INSERT
+// sent, not committed), every connection to the run's database with an open
+// InnoDB transaction is killed (KILL CONNECTION), load's included, then the
+// replica goes on and its COMMIT fails. MariaDB rolls the whole transaction
+// back: no partial order (a stock write without its order, or the
+// reverse), and since the client got no 201 for it, no acknowledged order
+// is lost.
 func MySQLConnectionKill() loadtest.Fault {
 	var runs perRun[*insideHook]
 	return loadtest.Fault{
@@ -34,6 +36,9 @@ func MySQLConnectionKill() loadtest.Fault {
 			hook, err := runs.get(run)
 			if err != nil {
 				return err
+			}
+			if run.Fleet == nil || len(run.Fleet.Replicas) == 0 {
+				return fmt.Errorf("no replicas started by the lab")
 			}
 			cfg, err := mysql.ParseDSN(run.Servers.MySQLDSN)
 			if err != nil {
@@ -44,20 +49,34 @@ func MySQLConnectionKill() loadtest.Fault {
 				return err
 			}
 			defer db.Close()
+			ctx, cancel := detach(ctx)
+			defer cancel()
+			d := newDriver(run)
+			defer d.close()
+			first := run.Rand.IntN(len(run.Fleet.Replicas))
 			for i := range connectionKills {
-				c, err := nth(ctx, hook, warmup(run), at(atBeforeCommit, ""))
+				r := run.Fleet.Replicas[(first+i)%len(run.Fleet.Replicas)]
+				name := fmt.Sprintf("killed-conn-%d", i+1)
+				caught := hook.expect(byKey(atBeforeCommit, run.KeyPrefix+"-"+name))
+				o := d.send(ctx, r, name)
+				c, err := catch(ctx, caught, o, 2*lockWait)
 				if err != nil {
-					if i == 0 {
-						eventf(run, "the load ended before any transaction reached its commit")
-					}
-					return nil
+					notFired(run, err)
+					d.wait(ctx, o, lockWait)
+					continue
 				}
 				n, err := killOpenTransactions(ctx, db, cfg.DBName)
 				c.Answer()
 				if err != nil {
 					return fmt.Errorf("kill connections: %w", err)
 				}
-				eventf(run, "%s about to commit: killed %d MariaDB %s with an open transaction", c, n, plural(n, "connection", "connections"))
+				msg := "%s about to commit: killed %d MariaDB %s with an open transaction"
+				if n > 0 {
+					run.Fired(msg, c, n, plural(n, "connection", "connections"))
+				} else {
+					eventf(run, msg, c, n, plural(n, "connection", "connections"))
+				}
+				d.wait(ctx, o, lockWait)
 			}
 			return nil
 		},

@@ -15,29 +15,35 @@ var leaseBackends = []string{"redis", "redlock", "zookeeper", "mysql", "etcd"}
 
 // PauseHolder is Kleppmann's process pause ("How to do distributed locking",
 // 2016; Jepsen's SIGSTOP "pause" nemesis; Curator's tech note 10 for
-// ZooKeeper): a replica is frozen inside its critical section for twice the
-// lease's lifetime, then resumed. While it is frozen the server expires its
-// lease and another replica takes the same lock: two holders at once.
+// ZooKeeper): a replica is frozen inside its critical section, after it read
+// the stock and before it writes, until its lease expired and another
+// replica took the same lock and wrote; then it is resumed.
 //
-// The pause strikes at the hook before COMMIT: after the stock was read,
-// the guarded UPDATE and the order INSERT sent, and the replica's last
-// Lost() check passed. Earlier (before the write) the frozen replica's own
-// watchdog would close Lost the instant it resumes and the write would be
-// skipped: orderd checks Lost() before the transaction and again right
-// before COMMIT. A real pause can fall after that last check, and no check
-// can see it; that is the window shown here. SIGSTOP freezes the watchdog
-// and the session goroutines too, which a sleep would not.
-//
-// The frozen transaction holds InnoDB's row lock on the SKU, so the second
-// holder's UPDATE waits for it and runs right after the frozen one commits,
-// on a stock it read before: guard none loses an update (or oversells on the
-// last units); guard version refuses it (the version moved); guard fencing
-// only checks that the writer's token is newer, which it is, so it lets the
-// stale read through too: the limit DESIGN.md names for fencing, shown
-// here rather than hidden.
-func PauseHolder() loadtest.Fault { return pauseHolder(atBeforeCommit) }
+// The pause strikes at the hook before the write, which comes right after
+// the flow's one Lost() check: the frozen replica resumes past that check
+// and writes with a lease it no longer holds, and no check made before a
+// pause can see one (SIGSTOP freezes its watchdog and session goroutines
+// too, which a sleep would not). The fault drives the two orders itself, on
+// the run's fault SKU: one to the struck replica (the seed draws it), one to
+// the next replica once the first is frozen; the second waits for the lease
+// to expire, takes the lock, and writes. Guard none: the resumed write
+// overwrites it with a stock read before it (a lost update). Guard fencing:
+// the resumed write carries an older token than the fence the second
+// holder left: refused (409 lock_lost). Guard version: the version moved:
+// refused, and the flow retries from a fresh read.
+func PauseHolder() loadtest.Fault { return pauseHolder(atBeforeWrite) }
 
-// pauseHolder pauses one seeded replica at hook point point.
+// PauseAfterCommit is the limit DESIGN.md admits for the fencing guard: a
+// holder paused between its COMMIT and its cache update (step 7) past its
+// lease leaves the cache one write behind MySQL, and the next holder, with
+// a newer token, trusts that stale entry. Fencing validates only the
+// writer, not what it read, so guard none and guard fencing both lose the
+// paused holder's decrement; guard version validates the read as well: the
+// stale write is refused, the cache refreshed from MySQL, and the retry
+// writes the truth.
+func PauseAfterCommit() loadtest.Fault { return pauseHolder(atBeforeCache) }
+
+// pauseHolder freezes the struck replica's own order at hook point point.
 func pauseHolder(point string) loadtest.Fault {
 	var runs perRun[*insideHook]
 	return loadtest.Fault{
@@ -48,17 +54,25 @@ func pauseHolder(point string) loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			r, err := victimOf(run)
+			r, next, err := replicas(run)
 			if err != nil {
 				return err
 			}
-			c, err := nth(ctx, hook, warmup(run), at(point, r.Name))
+			ctx, cancel := detach(ctx)
+			defer cancel()
+			d := newDriver(run)
+			defer d.close()
+			life := leaseLife(run)
+
+			caught := hook.expect(byKey(point, run.KeyPrefix+"-paused"))
+			first := d.send(ctx, r, "paused")
+			c, err := catch(ctx, caught, first, 2*lockWait)
 			if err != nil {
-				eventf(run, "the load ended before %s reached the pause point", r.Name)
+				notFired(run, err)
+				d.wait(ctx, first, lockWait)
 				return nil
 			}
 			defer c.Answer()
-			d := 2 * leaseLife(run)
 			if err := r.Pause(); err != nil {
 				return fmt.Errorf("pause %s: %w", r.Name, err)
 			}
@@ -73,22 +87,37 @@ func pauseHolder(point string) loadtest.Fault {
 			}
 			defer resume()
 			t0 := time.Now()
-			eventf(run, "%s frozen (SIGSTOP) for %s", c, d)
-			// Note the first other replica let into the same lock meanwhile.
-			wait, cancel := context.WithTimeout(ctx, d)
-			if c2, err := hook.next(wait, secondHolder(c)); err == nil {
+			run.Fired("%s frozen (SIGSTOP) at %s, holding its lease", c, point)
+
+			// The second holder: another replica, the same SKU. It waits
+			// for the frozen holder's lease to expire.
+			seen := hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
+			second := d.send(ctx, next, "second")
+			if c2, err := catch(ctx, seen, second, life+lockWait); err == nil {
+				run.Eventf("%s took the same lock %s into the pause and writes", c2, since(t0))
 				c2.Answer()
-				eventf(run, "%s took the same lock %s into the pause", c2, since(t0))
+			} else {
+				run.Eventf("no second holder during the pause: %v", err)
 			}
-			cancel()
-			if err := sleepCtx(ctx, d-time.Since(t0)); err != nil {
-				eventf(run, "the load ended %s into the pause", since(t0))
+			d.wait(ctx, second, life+lockWait)
+			if point == atBeforeCache {
+				switch run.Spec.Guard {
+				case "version":
+					run.Eventf("the second holder read the cache entry the frozen holder had not updated: guard version validates the read, so that stale write was refused and the cache refreshed from MySQL")
+				case "fencing":
+					run.Eventf("the second holder read the cache entry the frozen holder had not updated and wrote from it with a newer token: guard fencing validates only the writer, not its read (DESIGN.md), so the frozen holder's decrement is lost")
+				default:
+					run.Eventf("the second holder read the cache entry the frozen holder had not updated and wrote from it: guard %s checks nothing, so the frozen holder's decrement is lost (guard fencing would not catch it either: it validates only the writer)", run.Spec.Guard)
+				}
 			}
+			// Frozen for at least twice the lease's life in any case.
+			_ = sleepCtx(ctx, 2*life-time.Since(t0))
 			if err := resume(); err != nil {
 				return fmt.Errorf("resume %s: %w", r.Name, err)
 			}
 			c.Answer()
-			eventf(run, "%s resumed (SIGCONT) after %s and went on", r.Name, since(t0))
+			run.Eventf("%s resumed (SIGCONT) after %s and went on with its lost lease", r.Name, since(t0))
+			d.wait(ctx, first, faultLimit/2)
 			return nil
 		},
 	}

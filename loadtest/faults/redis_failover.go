@@ -2,9 +2,11 @@ package faults
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -18,29 +20,67 @@ import (
 // masterName is the Sentinel name of the scenario's master.
 const masterName = "mymaster"
 
-// failoverTTL is the shortest lock TTL the scenario runs with. The
-// sentinels here declare a master down after 1s and promote a replica
-// within about 1-3s more; a shorter lease would run out before the second
-// holder could exist.
-const failoverTTL = 5 * time.Second
+// failoverTTL is the shortest lock TTL the scenario runs with: Redisson's
+// default lease (30 s, renewed every 10 s; REFERENCES.md). A holder learns
+// that its lease is gone only from a renewal, so the first renewal must be
+// due after the second holder's grant: the sentinels here take about 2 s
+// from the kill to +switch-master (1 s down-after, then the vote), and a
+// split vote costs another 6 s (twice the 3 s failover-timeout) before the
+// next try. With a shorter lease the first holder's renewal can reach the
+// promoted replica first, find its key gone and end the lease before the
+// second holder exists: an overlap of luck, not of the failover.
+const failoverTTL = 30 * time.Second
+
+// The replication link's own ACL user: cutting it (user off, its
+// connections killed) stops replication without touching anything Sentinel
+// manages, so no sentinel can undo the cut.
+const (
+	replUser = "repl"
+	replPass = "oversold-repl"
+)
+
+// Orders the fault drives through the master before the second holder:
+// warmOrders while replication runs (the replica has their counter), then
+// cutOrders after the cut (the master's counter and MySQL's fence move on,
+// the replica's does not).
+const (
+	warmOrders = 2
+	cutOrders  = 2
+	// afterOrders bounds the orders sent after the failover until one is
+	// placed: under guard fencing, each token at or below MySQL's fence is
+	// refused.
+	afterOrders = 8
+)
 
 // RedisFailover loses a lock in a Sentinel failover (Jepsen's Redis
 // Sentinel analysis: a failover loses acknowledged writes that were not
 // replicated). The run gets a private master, one replica and three
 // sentinels (quorum 2), and the replicas reach Redis through the sentinels
-// (sentinel://mymaster@...), the stock cache included. The replication link
-// runs through a proxy; the fault cuts it (data from the master is dropped,
-// as in a partition), lets a replica take the lock on the master, kills the
-// master (SIGKILL), waits for the sentinels to promote the replica, which
-// never saw the lock, and lets a second replica take the same lock there
-// while the first still holds it: two holders.
+// (sentinel://mymaster@...), the stock cache included. The replica
+// replicates as an ACL user of its own; the sentinels and orderd use the
+// default user.
+//
+// The fault drives its own orders on the run's fault SKU: two go through
+// the master and reach the replica; then replication is cut (ACL SETUSER
+// repl off, CLIENT KILL USER repl: the replica's link drops and cannot log
+// in again, the master keeps serving, the sentinels still see both); two
+// more orders go through the master only; a replica of orderd takes the lock
+// on the master, whose key and fence INCR the replica never gets, and waits
+// at the fault hook before its write. The master is killed (SIGKILL), the
+// sentinels promote the replica within seconds (the cut is far shorter than
+// the ten down-after periods that would make the replica ineligible), and a
+// second orderd replica takes the same lock on the promoted one while the
+// first still holds it: two holders. The second writes first, then the
+// first. The old master stays dead: it never comes back as a master.
 //
 // The fencing token is an INCR on the same Redis, so the promoted replica's
-// counter is behind by every grant it missed: it hands out tokens again
-// that the old master already gave. MySQL keeps the highest fence it saw
-// and refuses "fence < token" when equal or lower, so under guard fencing
-// one of the two holders is refused; the token itself is not safe across a
-// failover.
+// counter is behind by every grant it missed: it hands out again tokens the
+// old master already gave, at or below the fence MySQL keeps. Under guard
+// fencing the second holder is refused, and so is every order after it
+// until the counter passes the fence: safe, but not available. Under guard
+// version the stale write is refused (the promoted replica's stock cache is
+// behind too: it missed the cut orders' cache updates). Under guard none
+// the second holder writes the stale stock: a lost update.
 func RedisFailover() loadtest.Fault {
 	var runs perRun[*failover]
 	return loadtest.Fault{
@@ -58,11 +98,13 @@ func RedisFailover() loadtest.Fault {
 			f.hook = hook
 			run.Servers.RedisAddr = f.Addr()
 			hookEveryReplica(run, hook)
-			if d := ttl(run); d < failoverTTL {
+			f.ttl = ttl(run)
+			if f.ttl < failoverTTL {
 				for _, env := range run.ReplicaEnv {
 					env["OVERSOLD_LOCK_TTL"] = failoverTTL.String()
 				}
-				run.Eventf("lock TTL raised from %s to %s for this scenario: a failover takes seconds, and a lease that ends before the promotion cannot overlap a new one", d, failoverTTL)
+				run.Eventf("lock TTL raised from %s to %s (Redisson's default) for this scenario: a holder learns of the failover at its first renewal, due at TTL/3, which must come after the promotion", f.ttl, failoverTTL)
+				f.ttl = failoverTTL
 			}
 			runs.put(run, f)
 			return func() {
@@ -84,9 +126,9 @@ func RedisFailover() loadtest.Fault {
 // failover is the private Sentinel deployment of one run.
 type failover struct {
 	master, replica *testbed.Server
-	link            *proxy // the replica's replication link to the master
 	sentinels       []*testbed.Server
 	hook            *insideHook
+	ttl             time.Duration // the replicas' lock TTL
 }
 
 func startFailover(ctx context.Context) (f *failover, err error) {
@@ -100,11 +142,22 @@ func startFailover(ctx context.Context) (f *failover, err error) {
 	if f.master, err = testbed.StartRedis(ctx, testbed.Options{}); err != nil {
 		return
 	}
-	if f.link, err = startProxy("replication", f.master.Addr); err != nil {
+	// Replication gets a user of its own; everyone else keeps the default.
+	// The first sync starts at once (Redis 7 waits 5 s for more replicas).
+	mc := client(f.master.Addr)
+	err = mc.Do(ctx, "ACL", "SETUSER", replUser, "on", ">"+replPass, "~*", "&*", "+@all").Err()
+	if err == nil {
+		err = mc.ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err()
+	}
+	mc.Close()
+	if err != nil {
+		err = fmt.Errorf("replication user on the master: %w", err)
 		return
 	}
-	host, port, _ := net.SplitHostPort(f.link.Addr())
-	if f.replica, err = testbed.StartRedis(ctx, testbed.Options{Args: []string{"--replicaof", host, port}}); err != nil {
+	host, port, _ := net.SplitHostPort(f.master.Addr)
+	if f.replica, err = testbed.StartRedis(ctx, testbed.Options{Args: []string{
+		"--replicaof", host, port, "--masteruser", replUser, "--masterauth", replPass,
+	}}); err != nil {
 		return
 	}
 	if err = waitFor(ctx, 15*time.Second, "replica in sync", func(ctx context.Context) error {
@@ -151,66 +204,206 @@ func (f *failover) Close() {
 			s.Stop()
 		}
 	}
-	if f.link != nil {
-		f.link.Close()
-	}
 }
 
 func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
-	c, err := nth(ctx, f.hook, warmup(run), at(atBeforeWrite, ""))
+	r1, r2, err := replicas(run)
 	if err != nil {
-		return nil
-	}
-	c.Answer()
-	// Cut replication: what the master writes from now on never reaches
-	// the replica.
-	if err := f.link.toxic("cut", "timeout", "downstream", map[string]int64{"timeout": 0}); err != nil {
 		return err
 	}
-	run.Eventf("replication from the master to the replica cut")
-	// The next holder whose lock the replica does not have.
-	var first *hookCall
-	seen := 0
-	var lastErr error
-	for range 20 {
-		c, err := f.hook.next(ctx, at(atBeforeWrite, ""))
-		if err != nil {
-			run.Eventf("the load ended before a lock the replica missed (%d holders seen after the cut, each already replicated; last check error: %v)", seen, lastErr)
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	d := newDriver(run)
+	defer d.close()
+	lockKey := "lock:{sku/" + run.FaultSKU + "}"
+	fenceKey := lockKey + ":fence"
+	mc, rc := client(f.master.Addr), client(f.replica.Addr)
+	defer mc.Close()
+	defer rc.Close()
+
+	// Orders while replication runs: the replica gets their grants.
+	for i := range warmOrders {
+		if p := quietly(ctx, run, d, r2, fmt.Sprintf("warm-%d", i+1)); !ordered(p) {
+			notFired(run, fmt.Errorf("an order before the cut was not placed (status %d %s)", p.status, p.code))
 			return nil
 		}
-		seen++
-		has, err := hasKey(ctx, f.replica.Addr, "lock:{sku/"+c.SKU+"}")
-		if err == nil && !has {
-			first = c
-			break
+	}
+	if _, err := mc.Wait(ctx, 1, 2*time.Second).Result(); err != nil {
+		return fmt.Errorf("wait for the replica: %w", err)
+	}
+	masterFence, replicaFence := counter(ctx, mc, fenceKey), counter(ctx, rc, fenceKey)
+	if masterFence != replicaFence {
+		notFired(run, fmt.Errorf("the replica did not catch up before the cut: fence counter %d on the master, %d on the replica", masterFence, replicaFence))
+		return nil
+	}
+
+	// Cut replication where Sentinel cannot repair it: its user.
+	if err := mc.Do(ctx, "ACL", "SETUSER", replUser, "off").Err(); err != nil {
+		return fmt.Errorf("cut replication: %w", err)
+	}
+	if err := mc.Do(ctx, "CLIENT", "KILL", "USER", replUser).Err(); err != nil {
+		return fmt.Errorf("cut replication: %w", err)
+	}
+	tCut := time.Now()
+	if err := waitFor(ctx, 5*time.Second, "replica link down", func(ctx context.Context) error {
+		return infoHas(ctx, f.replica.Addr, "replication", "master_link_status:down")
+	}); err != nil {
+		return err
+	}
+	run.Eventf("%d orders placed on %s through %s and replicated; then replication cut (ACL SETUSER %s off, CLIENT KILL USER %s on the master): the replica's link is down, both have the fence counter at %d", warmOrders, run.FaultSKU, r2.Name, replUser, replUser, replicaFence)
+
+	// Orders through the master only.
+	for i := range cutOrders {
+		if p := quietly(ctx, run, d, r2, fmt.Sprintf("cut-%d", i+1)); !ordered(p) {
+			notFired(run, fmt.Errorf("an order after the cut was not placed (status %d %s)", p.status, p.code))
+			return nil
 		}
-		lastErr = err
+	}
+	masterFence, replicaFence = counter(ctx, mc, fenceKey), counter(ctx, rc, fenceKey)
+	fenceBefore, _ := mysqlFence(ctx, run.Servers.MySQLDSN, run.FaultSKU)
+	run.Eventf("%d more orders placed through the master after the cut: its fence counter is at %d, the replica's still at %d (MySQL's fence: %d)", cutOrders, masterFence, replicaFence, fenceBefore)
+
+	// The first holder takes the lock on the master and waits before its
+	// write, past its one Lost check.
+	caught := f.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-held"))
+	first := d.send(ctx, r1, "held")
+	c, err := catch(ctx, caught, first, 2*lockWait)
+	if err != nil {
+		notFired(run, err)
+		d.wait(ctx, first, lockWait)
+		return nil
+	}
+	defer c.Answer()
+	if has, err := hasKey(ctx, f.replica.Addr, lockKey); err != nil || has {
 		c.Answer()
+		d.wait(ctx, first, 2*lockWait)
+		return fmt.Errorf("replication was not cut: the replica has %s (%v, %v)", lockKey, has, err)
 	}
-	if first == nil {
-		return fmt.Errorf("the replica had every one of %d locks granted after the replication cut", seen)
-	}
-	defer first.Answer()
 	t0 := time.Now()
 	if err := f.master.Kill(); err != nil {
 		return err
 	}
-	run.Disrupted("", t0)
-	run.Eventf("%s holds the lock on the master, which the replica never saw; master killed (SIGKILL)", first)
+	run.Fired("%s holds the lock on the master only (the replica has no key, its counter is at %d); master killed (SIGKILL) %s after the cut", c, replicaFence, since(tCut))
+
 	if err := waitFor(ctx, 30*time.Second, "promotion", func(ctx context.Context) error {
 		return promoted(ctx, f.sentinels[0].Addr, f.replica.Addr)
 	}); err != nil {
 		return err
 	}
-	run.Eventf("sentinels promoted the replica %s after the kill", since(t0))
-	if err := raceSecondHolder(ctx, run, f.hook, first, max(ttl(run), failoverTTL)); err != nil {
-		return err
+	promotedFence := counter(ctx, rc, fenceKey)
+	has, _ := hasKey(ctx, f.replica.Addr, lockKey)
+	run.Eventf("sentinels promoted the replica %s after the kill (+switch-master); it has the lock key: %v, its fence counter is at %d where the old master's was at %d", since(t0), has, promotedFence, c.Token)
+	if due := c.Arrived.Add(f.ttl / 3); time.Now().After(due) {
+		run.Eventf("the promotion came after %s's first renewal was due (TTL/3 after its grant): that renewal may have found its lease gone before a second holder was granted", c.Replica)
 	}
-	run.Eventf("%s's token was %d; tokens now come from the promoted replica's counter, which missed every grant since the cut", first.Replica, first.Token)
+
+	// The second holder takes the same lock on the promoted replica. Its
+	// replica may need a moment to follow the sentinels (an answer 503
+	// lock_unavailable): try again.
+	var c2 *hookCall
+	var second *sent
+	for try := 1; ; try++ {
+		name := fmt.Sprintf("second-%d", try)
+		seen := f.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-"+name))
+		s := d.send(ctx, r2, name)
+		if c2, err = catch(ctx, seen, s, 2*lockWait); err == nil {
+			second = s
+			break
+		}
+		p := d.wait(ctx, s, lockWait)
+		run.Eventf("%s's order before it followed the failover: answered %d %s (%v); trying again", r2.Name, p.status, p.code, p.err)
+		if try == afterOrders || sleepCtx(ctx, 200*time.Millisecond) != nil {
+			run.Eventf("no second holder of %s after the failover: %v", run.FaultSKU, err)
+			c.Answer()
+			d.wait(ctx, first, 2*lockWait)
+			return nil
+		}
+	}
+	run.Eventf("%s holds the same lock on the promoted replica %s after the kill, while %s still holds it: two holders. Its token %d comes from the promoted replica's counter: the old master had handed out tokens up to %d", c2, since(t0), c.Replica, c2.Token, c.Token)
+
+	// The second holder writes first, then the first.
+	c2.Answer()
+	p2 := d.wait(ctx, second, 3*lockWait)
+	placedAt := time.Time{}
+	if ordered(p2) {
+		placedAt = time.Now()
+	}
+	c.Answer()
+	d.wait(ctx, first, 3*lockWait)
+
+	// Orders after the failover until one is placed: under guard fencing,
+	// every token at or below MySQL's fence is refused.
+	refused := 0
+	if staleToken(p2) {
+		refused++
+	}
+	for i := 1; placedAt.IsZero() && i < afterOrders; i++ {
+		p := d.wait(ctx, d.send(ctx, r2, fmt.Sprintf("after-%d", i)), 3*lockWait)
+		if ordered(p) {
+			placedAt = time.Now()
+		} else if staleToken(p) {
+			refused++
+		}
+	}
+	fence, ferr := mysqlFence(ctx, run.Servers.MySQLDSN, run.FaultSKU)
+	now := counter(ctx, rc, fenceKey)
+	tokens := fmt.Sprintf("the promoted replica's fence counter went on from %d, %d behind the %d the old master had reached: it handed out tokens %d to %d again", promotedFence, c.Token-promotedFence, c.Token, promotedFence+1, min(now, c.Token))
+	switch {
+	case ferr != nil:
+		run.Eventf("%s (MySQL's fence unread: %v)", tokens, ferr)
+	case run.Spec.Guard == "fencing":
+		run.Eventf("%s; MySQL's fence was %d when token %d came (then %d, the first holder's), so guard fencing refused %d order(s) until the counter passed it (fence now %d): safe, not available meanwhile", tokens, fenceBefore, c2.Token, c.Token, refused, fence)
+	default:
+		run.Eventf("%s; guard %s does not compare tokens (MySQL's fence column stays %d)", tokens, run.Spec.Guard, fence)
+	}
+	if placedAt.IsZero() {
+		run.Eventf("no order on %s placed within %d tries after the failover", run.FaultSKU, afterOrders)
+	} else {
+		run.Recovered(placedAt.Sub(t0))
+		run.Eventf("first order placed on %s %s after the kill", run.FaultSKU, placedAt.Sub(t0).Round(time.Millisecond))
+	}
 	return nil
 }
 
-// waitFor polls check every 100ms until it returns nil, for at most limit.
+// quietly places a driven order on the fault SKU through r and waits for
+// it, as driver.wait does but without an event of its own.
+func quietly(ctx context.Context, run *loadtest.Run, d *driver, r *loadtest.Replica, name string) placed {
+	p := place(ctx, d.client, r.URL, run.FaultSKU, run.KeyPrefix+"-"+name)
+	if ordered(p) {
+		run.Acked(p.id)
+	}
+	return p
+}
+
+// ordered: a driven order was placed.
+func ordered(p placed) bool {
+	return p.status == http.StatusCreated || p.status == http.StatusOK
+}
+
+// staleToken: an order refused by the fencing guard (409 lock_lost).
+func staleToken(p placed) bool {
+	return p.status == http.StatusConflict && p.code == "lock_lost"
+}
+
+// counter reads a fence counter (0 when absent or unreadable).
+func counter(ctx context.Context, c *redis.Client, key string) uint64 {
+	n, _ := c.Get(ctx, key).Uint64()
+	return n
+}
+
+// mysqlFence is the fence MySQL keeps for sku (the guard fencing's).
+func mysqlFence(ctx context.Context, dsn, sku string) (uint64, error) {
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var fence uint64
+	err = db.QueryRowContext(ctx, "SELECT fence FROM inventory WHERE sku = ?", sku).Scan(&fence)
+	return fence, err
+}
+
+// waitFor polls check every 50ms until it returns nil, for at most limit.
 func waitFor(ctx context.Context, limit time.Duration, what string, check func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
@@ -221,7 +414,7 @@ func waitFor(ctx context.Context, limit time.Duration, what string, check func(c
 		if err == nil {
 			return nil
 		}
-		if sleepCtx(ctx, 100*time.Millisecond) != nil {
+		if sleepCtx(ctx, 50*time.Millisecond) != nil {
 			return fmt.Errorf("%s: not within %s: %w", what, limit, err)
 		}
 	}

@@ -53,8 +53,20 @@ func RedisRestart() loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			c, err := victimCall(ctx, run, st.hook, "")
+			r, next, err := replicas(run)
 			if err != nil {
+				return err
+			}
+			ctx, cancel := detach(ctx)
+			defer cancel()
+			d := newDriver(run)
+			defer d.close()
+			caught := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-held"))
+			first := d.send(ctx, r, "held")
+			c, err := catch(ctx, caught, first, 2*lockWait)
+			if err != nil {
+				notFired(run, err)
+				d.wait(ctx, first, lockWait)
 				return nil
 			}
 			defer c.Answer()
@@ -71,10 +83,34 @@ func RedisRestart() loadtest.Fault {
 				return err
 			}
 			run.Disrupted("", t0)
-			run.Eventf("%s holds the lock; Redis killed (SIGKILL) and restarted empty in %s", c, since(t0))
-			return raceSecondHolder(ctx, run, st.hook, c, ttl(run)/3+time.Second)
+			run.Fired("%s holds the lock; Redis killed (SIGKILL) and restarted empty in %s", c, since(t0))
+			racePair(ctx, run, d, st.hook, c, next, ttl(run)/3+lockWait)
+			d.wait(ctx, first, faultLimit/2)
+			return nil
 		},
 	}
+}
+
+// racePair sends a second order to replica next on the fault SKU while
+// first holds its lock at the hook before the write, waits up to limit for
+// it to be let into the same lock, then lets both go on together, as two
+// holders who each read the stock before either wrote: without a guard,
+// one decrement is lost. It answers first in any case, and waits for the
+// second order's answer.
+func racePair(ctx context.Context, run *loadtest.Run, d *driver, h *insideHook, first *hookCall, next *loadtest.Replica, limit time.Duration) {
+	defer first.Answer()
+	t0 := time.Now()
+	seen := h.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
+	second := d.send(ctx, next, "second")
+	c2, err := catch(ctx, seen, second, limit)
+	if err != nil {
+		run.Eventf("no second holder of %s: %v", first.SKU, err)
+	} else {
+		run.Eventf("%s holds the same lock %s later: two holders; both go on", c2, since(t0))
+		c2.Answer()
+	}
+	first.Answer()
+	d.wait(ctx, second, limit+lockWait)
 }
 
 // raceSecondHolder waits up to limit for a second order inside the same

@@ -97,9 +97,32 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			run.Eventf("r1 cannot reach Redlock node C: its leases live on nodes A and B only")
-			c, err := victimCall(ctx, run, st.hook, fmt.Sprintf("r%d", victim+1))
+			r, err := replica(run, victim)
 			if err != nil {
+				return err
+			}
+			next, err := replica(run, victim+1)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := detach(ctx)
+			defer cancel()
+			dr := newDriver(run)
+			defer dr.close()
+			run.Eventf("r1 cannot reach Redlock node C: its leases live on nodes A and B only")
+			// The immediate restart lets r1 go on past its Lost check, as a
+			// holder that does not know; the control holds it before the
+			// check, which must find its lease lost.
+			point := atBeforeWrite
+			if down != 0 {
+				point = atAfterRead
+			}
+			caught := st.hook.expect(byKey(point, run.KeyPrefix+"-held"))
+			first := dr.send(ctx, r, "held")
+			c, err := catch(ctx, caught, first, 2*lockWait)
+			if err != nil {
+				notFired(run, err)
+				dr.wait(ctx, first, lockWait)
 				return nil
 			}
 			defer c.Answer()
@@ -123,22 +146,29 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 				if err := restart(); err != nil {
 					return err
 				}
-				run.Eventf("%s holds the lock; node B killed (SIGKILL) and restarted empty in %s", c, since(t0))
-				return raceSecondHolder(ctx, run, st.hook, c, ttl(run))
+				run.Fired("%s holds the lock; node B killed (SIGKILL) and restarted empty in %s", c, since(t0))
+				racePair(ctx, run, dr, st.hook, c, next, ttl(run)+lockWait)
+				dr.wait(ctx, first, faultLimit/2)
+				return nil
 			}
-			run.Eventf("%s holds the lock; node B killed (SIGKILL), to restart after %s", c, d)
-			wait, cancel := context.WithTimeout(ctx, d)
-			c2, err := st.hook.next(wait, secondHolder(c))
-			cancel()
-			if err == nil {
-				c2.Answer()
-				run.Eventf("%s took the same lock %s after the kill, while %s was still inside", c2, since(t0), c.Replica)
-			}
+			run.Fired("%s holds the lock; node B killed (SIGKILL), to restart after %s", c, d)
+			seen := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
+			second := dr.send(ctx, next, "second")
 			_ = sleepCtx(ctx, d-time.Since(t0))
 			if err := restart(); err != nil {
 				return err
 			}
-			run.Eventf("node B restarted empty after %s; %s goes on and must find its lease lost", since(t0), c.Replica)
+			run.Eventf("node B restarted empty after %s", since(t0))
+			if c2, err := catch(ctx, seen, second, ttl(run)+lockWait); err == nil {
+				c2.Answer()
+				run.Eventf("%s took the same lock %s after the kill", c2, since(t0))
+			} else {
+				run.Eventf("no second holder: %v", err)
+			}
+			dr.wait(ctx, second, ttl(run)+lockWait)
+			run.Eventf("%s goes on and must find its lease lost", c.Replica)
+			c.Answer()
+			dr.wait(ctx, first, faultLimit/2)
 			return nil
 		},
 	}

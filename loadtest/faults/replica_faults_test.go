@@ -6,44 +6,66 @@ import (
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
-// TestPauseHolder checks issue 5's expectations for pause-holder: a frozen
-// holder makes two holders at once on every lease backend; with guard none
-// that loses an update or oversells, and guard version keeps every
-// invariant. Guard fencing is run and reported, not asserted: the pause
-// strikes before COMMIT, with the frozen write already holding the row, and
-// the newer holder's write then lands on a stale read with a newer token,
-// which fencing alone accepts (see PauseHolder).
+// TestPauseHolder checks issue 5's expectations for pause-holder: a holder
+// frozen after its read and its one Lost check, before its write, past its
+// lease, makes two holders at once on every lease backend; with guard none
+// its resumed write loses an update (or oversells); guard fencing refuses
+// it (an older token than the fence the next holder left) and guard
+// version refuses it (the version moved).
 func TestPauseHolder(t *testing.T) {
 	for _, backend := range []string{"redis", "redlock", "zookeeper", "mysql", "etcd"} {
 		t.Run(backend+"/none", func(t *testing.T) {
 			r := runFault(t, short("pause-holder", backend, "none"))
+			assertFired(t, r)
+			assertBroken(t, r)
+		})
+	}
+	for _, tc := range []struct{ backend, guard string }{{"redis", "fencing"}, {"redis", "version"}} {
+		t.Run(tc.backend+"/"+tc.guard, func(t *testing.T) {
+			r := runFault(t, short("pause-holder", tc.backend, tc.guard))
+			assertFired(t, r)
 			if r.Overlaps == 0 {
 				t.Errorf("no two holders overlapped: %v", r.FaultEvents)
 			}
-			if r.Oversold == 0 && r.LostUpdates == 0 {
-				t.Errorf("guard none kept the invariants: the pause did not bite (%v)", r.FaultEvents)
-			}
+			assertSafe(t, r)
+			assertRefused(t, r)
 		})
 	}
-	t.Run("redis/version", func(t *testing.T) {
-		r := runFault(t, short("pause-holder", "redis", "version"))
-		if r.Overlaps == 0 {
-			t.Errorf("no two holders overlapped: %v", r.FaultEvents)
-		}
-		if !r.Safe || r.StaleWritesRefused == 0 {
-			t.Errorf("guard version: %s, %d refused; want safe and at least one refused", r.Verdict(), r.StaleWritesRefused)
-		}
-	})
-	t.Run("redis/fencing", func(t *testing.T) {
-		r := runFault(t, short("pause-holder", "redis", "fencing"))
-		t.Logf("guard fencing under a pause before COMMIT: %s (reported, not asserted)", r.Verdict())
-	})
 	t.Run("local is not applicable", func(t *testing.T) {
 		r := runFault(t, short("pause-holder", "local", "none"))
 		if !r.NotApplicable || r.Safe {
 			t.Errorf("local: not applicable %v, safe %v; want a run reported not applicable", r.NotApplicable, r.Safe)
 		}
 	})
+	t.Run("redlock/fencing is not applicable", func(t *testing.T) {
+		r := runFault(t, short("pause-holder", "redlock", "fencing"))
+		if !r.NotApplicable {
+			t.Errorf("redlock/fencing: %s; want not applicable (no token)", r.Verdict())
+		}
+	})
+}
+
+// TestPauseAfterCommit: the limit DESIGN.md admits for fencing. A holder
+// paused between its commit and its cache update leaves a stale cache entry
+// the next holder trusts: guard none and guard fencing lose the paused
+// holder's decrement; guard version refuses the stale read and keeps every
+// invariant.
+func TestPauseAfterCommit(t *testing.T) {
+	for _, guard := range []string{"none", "fencing", "version"} {
+		t.Run("redis/"+guard, func(t *testing.T) {
+			r := runFault(t, short("pause-after-commit", "redis", guard))
+			assertFired(t, r)
+			if r.Overlaps == 0 {
+				t.Errorf("no two holders overlapped: %v", r.FaultEvents)
+			}
+			if guard == "version" {
+				assertSafe(t, r)
+				assertRefused(t, r)
+			} else {
+				assertBroken(t, r)
+			}
+		})
+	}
 }
 
 // TestKillHolder: a holder killed inside its critical section costs its SKU
@@ -52,6 +74,7 @@ func TestKillHolder(t *testing.T) {
 	for _, tc := range []struct{ backend, guard string }{{"redis", "fencing"}, {"zookeeper", "version"}} {
 		t.Run(tc.backend+"/"+tc.guard, func(t *testing.T) {
 			r := runFault(t, short("kill-holder", tc.backend, tc.guard))
+			assertFired(t, r)
 			assertSafe(t, r)
 			if r.RecoveryMS == nil {
 				t.Fatalf("no recovery measured: %v", r.FaultEvents)
@@ -70,10 +93,8 @@ func TestMySQLConnectionKill(t *testing.T) {
 	for _, guard := range []string{"none", "fencing"} {
 		t.Run("redis/"+guard, func(t *testing.T) {
 			r := runFault(t, short("mysql-connection-kill", "redis", guard))
+			assertFired(t, r)
 			assertSafe(t, r)
-			if len(r.FaultEvents) == 0 {
-				t.Errorf("no connection killed")
-			}
 		})
 	}
 }
@@ -87,6 +108,7 @@ func TestCrashAfterCommit(t *testing.T) {
 	for _, guard := range []string{"version", "none"} {
 		t.Run("redis/"+guard, func(t *testing.T) {
 			r := runFault(t, short("crash-after-commit", "redis", guard))
+			assertFired(t, r)
 			if len(r.Violations) > 0 {
 				t.Errorf("retry after the crash: %v", r.Violations)
 			}
@@ -97,6 +119,35 @@ func TestCrashAfterCommit(t *testing.T) {
 				assertSafe(t, r)
 			}
 		})
+	}
+}
+
+// assertFired fails a run whose fault never struck: its invariants would
+// say nothing about the fault.
+func assertFired(t *testing.T, r loadtest.Result) {
+	t.Helper()
+	if r.NotFired {
+		t.Fatalf("%s: the fault did not fire: %v", r.Name(), r.FaultEvents)
+	}
+}
+
+// assertBroken: guard none (or a guard past its limit) must show the fault
+// breaking an invariant: a lost update or an oversell.
+func assertBroken(t *testing.T, r loadtest.Result) {
+	t.Helper()
+	if r.Overlaps == 0 {
+		t.Errorf("%s: no two holders overlapped: %v", r.Name(), r.FaultEvents)
+	}
+	if r.Oversold == 0 && r.LostUpdates == 0 {
+		t.Errorf("%s: %s; want a lost update or an oversell (%v)", r.Name(), r.Verdict(), r.FaultEvents)
+	}
+}
+
+// assertRefused: the guard refused the stale write.
+func assertRefused(t *testing.T, r loadtest.Result) {
+	t.Helper()
+	if r.StaleWritesRefused == 0 {
+		t.Errorf("%s: the guard refused no stale write (%v)", r.Name(), r.FaultEvents)
 	}
 }
 

@@ -1,0 +1,142 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/oversold-lab/oversold/loadtest"
+)
+
+// The scenarios drive the orders that meet the fault themselves, on the
+// run's fault SKU (Run.FaultSKU), which the load never touches: the load
+// may sell its SKUs out, or never send the struck replica an order in time,
+// but the fault's own orders are always there. So every run injects its
+// fault, every time, and a run where it could not says so ("fault did not
+// fire", Run.Fired never called).
+
+// faultLimit bounds a fault's own orders, which may outlive the load (the
+// run waits for Inject to return before it checks anything).
+const faultLimit = time.Minute
+
+// lockWait is orderd's default lock wait (order.DefaultLockWait): how long a
+// driven order may queue for the lock before it gets a 503.
+const lockWait = 5 * time.Second
+
+// detach returns a context for the fault's own orders: it does not end with
+// the load, only after faultLimit.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), faultLimit)
+}
+
+// driver places the fault's own orders (quantity 1, on the fault SKU) and
+// accounts for what they got.
+type driver struct {
+	run    *loadtest.Run
+	client *http.Client
+}
+
+func newDriver(run *loadtest.Run) *driver {
+	return &driver{run: run, client: &http.Client{Timeout: 30 * time.Second}}
+}
+
+func (d *driver) close() { d.client.CloseIdleConnections() }
+
+// sent is one driven order on its way.
+type sent struct {
+	Key     string
+	Replica string
+	done    chan placed
+	got     *placed
+}
+
+// send places an order with Idempotency-Key run.KeyPrefix+"-"+name on
+// replica r, in the background.
+func (d *driver) send(ctx context.Context, r *loadtest.Replica, name string) *sent {
+	s := &sent{Key: d.run.KeyPrefix + "-" + name, Replica: r.Name, done: make(chan placed, 1)}
+	go func() { s.done <- place(ctx, d.client, r.URL, d.run.FaultSKU, s.Key) }()
+	return s
+}
+
+// wait returns the order's answer (status 0 when it got none within limit),
+// adds an acknowledged order to what the invariant check expects, and says
+// what it got in the run's events.
+func (d *driver) wait(ctx context.Context, s *sent, limit time.Duration) placed {
+	if s.got != nil {
+		return *s.got
+	}
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	var p placed
+	select {
+	case p = <-s.done:
+		s.got = &p
+	case <-t.C:
+		p = placed{err: fmt.Errorf("no answer within %s", limit)}
+	case <-ctx.Done():
+		p = placed{err: ctx.Err()}
+	}
+	switch {
+	case p.status == http.StatusCreated || p.status == http.StatusOK:
+		d.run.Acked(p.id)
+		d.run.Eventf("order %s on %s answered %d (order %s)", s.Key, s.Replica, p.status, p.id)
+	case p.status != 0:
+		d.run.Eventf("order %s on %s answered %d %s", s.Key, s.Replica, p.status, p.code)
+	default:
+		d.run.Eventf("order %s on %s got no answer: %v", s.Key, s.Replica, p.err)
+	}
+	return p
+}
+
+// catch waits up to limit for the hook call ch delivers, or for s to be
+// answered first (it never reached the hook point: out of stock, a lock
+// timeout). The caller must Answer the call it gets.
+func catch(ctx context.Context, ch <-chan *hookCall, s *sent, limit time.Duration) (*hookCall, error) {
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case c := <-ch:
+		return c, nil
+	case p := <-s.done:
+		s.got = &p
+		if p.err != nil {
+			return nil, fmt.Errorf("order %s on %s got no answer before the hook: %w", s.Key, s.Replica, p.err)
+		}
+		return nil, fmt.Errorf("order %s on %s answered %d %s before reaching the hook", s.Key, s.Replica, p.status, p.code)
+	case <-t.C:
+		return nil, fmt.Errorf("order %s on %s did not reach the hook within %s", s.Key, s.Replica, limit)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// byKey matches the call of the order with key at hook point point.
+func byKey(point, key string) func(*hookCall) bool {
+	return func(c *hookCall) bool { return c.At == point && c.Key == key }
+}
+
+// replicas returns the replica the run's seed draws as the one struck and
+// the next one, which sends the second holder's order.
+func replicas(run *loadtest.Run) (struck, other *loadtest.Replica, err error) {
+	if run.Fleet == nil || len(run.Fleet.Replicas) < 2 {
+		return nil, nil, errors.New("the fault needs at least two replicas started by the lab")
+	}
+	rs := run.Fleet.Replicas
+	i := run.Rand.IntN(len(rs))
+	return rs[i], rs[(i+1)%len(rs)], nil
+}
+
+// replica returns replica i (r1 is 0) of the run.
+func replica(run *loadtest.Run, i int) (*loadtest.Replica, error) {
+	if run.Fleet == nil || len(run.Fleet.Replicas) <= i {
+		return nil, fmt.Errorf("the fault needs replica r%d started by the lab", i+1)
+	}
+	return run.Fleet.Replicas[i], nil
+}
+
+// notFired says in the run's events why the fault did not strike.
+func notFired(run *loadtest.Run, err error) {
+	run.Eventf("nothing injected: %v", err)
+}
