@@ -34,7 +34,7 @@ func BenchmarkRedis(b *testing.B) {
 	addr := testbed.Redis(b)
 	runServer(b, "redis", redisVersion(b, addr), []impl{
 		ours("redis", backends.Config{RedisAddr: addr},
-			"pub/sub: a release wakes the longest waiter of each client; fallback jittered backoff 5 ms-1 s capped by the holder's TTL; renews and fences"),
+			"pub/sub: a release wakes one waiter, the first in a queue kept in Redis; fallback jittered backoff 5 ms-1 s capped by the holder's TTL; renews and fences"),
 		bsmRedislock(addr),
 		redsyncImpl(addr),
 	})
@@ -68,7 +68,7 @@ func BenchmarkRedlock(b *testing.B) {
 	addrs := testbed.Redises(b, 3)
 	runServer(b, "redlock", redisVersion(b, addrs[0])+" x3", []impl{
 		ours("redlock", backends.Config{RedlockAddrs: addrs},
-			"pub/sub on every node; fallback jittered backoff 5 ms-1 s capped by the keys' TTL; renews"),
+			"pub/sub: a release wakes the first waiter in each node's queue (mostly the same one); fallback jittered backoff 5 ms-1 s capped by the keys' TTL; renews"),
 		redsyncImpl(addrs...),
 	})
 }
