@@ -1,6 +1,6 @@
 # oversold: `make lab` runs the experiment, `make test` proves the code.
 GO       ?= go
-SERVERS  := mariadb-server redis-server redis-sentinel zookeeper etcd-server nginx faketime
+SERVERS  := mariadb-server redis-server redis-sentinel zookeeper etcd-server nginx
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 ARGS     ?=
 
