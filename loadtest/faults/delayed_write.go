@@ -21,38 +21,15 @@ import (
 // fencing and version refuse it (stale writes refused). No check in the
 // flow can stop it: the write was already on its way when the lease ended.
 func DelayedWrite() loadtest.Fault {
-	type state struct {
-		hook *insideHook
-		ps   proxies
-	}
-	var runs perRun[state]
+	var runs perRun[cut]
 	return loadtest.Fault{
 		Backends: []string{"redis", "redlock", "zookeeper", "mysql", "etcd"},
 		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
-			ps, err := proxyReplica(run, victim, pathMySQL)
-			if err != nil {
-				return nil, err
+			paths := []string{pathMySQL}
+			if run.Spec.Backend != "mysql" { // for mysql the lock path is MariaDB already
+				paths = append(paths, pathLock)
 			}
-			if run.Spec.Backend != "mysql" {
-				lock, err := proxyReplica(run, victim, pathLock)
-				if err != nil {
-					ps.Close()
-					return nil, err
-				}
-				ps = append(ps, lock...)
-			}
-			hook, err := startInsideHook()
-			if err != nil {
-				ps.Close()
-				return nil, err
-			}
-			hookEveryReplica(run, hook)
-			runs.put(run, state{hook, ps})
-			return func() {
-				runs.drop(run)
-				hook.Close()
-				ps.Close()
-			}, nil
+			return prepareCut(run, &runs, paths...)
 		},
 		Inject: func(ctx context.Context, run *loadtest.Run) error {
 			st, err := runs.get(run)

@@ -13,6 +13,39 @@ import (
 // partition.
 const victim = 0
 
+// cut is what a network fault keeps for a run: the hook that catches the
+// victim's order, and the proxies on the victim's paths.
+type cut struct {
+	hook *insideHook
+	ps   proxies
+}
+
+// prepareCut puts the victim behind proxies on paths and the hook in every
+// replica, and returns the cleanup.
+func prepareCut(run *loadtest.Run, runs *perRun[cut], paths ...string) (func(), error) {
+	var ps proxies
+	for _, path := range paths {
+		more, err := proxyReplica(run, victim, path)
+		if err != nil {
+			ps.Close()
+			return nil, err
+		}
+		ps = append(ps, more...)
+	}
+	hook, err := startInsideHook()
+	if err != nil {
+		ps.Close()
+		return nil, err
+	}
+	hookEveryReplica(run, hook)
+	runs.put(run, cut{hook, ps})
+	return func() {
+		runs.drop(run)
+		hook.Close()
+		ps.Close()
+	}, nil
+}
+
 // lockPathFault cuts or slows the victim's path to its lock server while it
 // is inside its critical section, holds it there until its lease must be
 // lost (Lost closes when the validity of the last confirmed renewal runs
@@ -26,30 +59,11 @@ const victim = 0
 // orders itself, on the run's fault SKU: the victim's, and the second
 // holder's on the next replica.
 func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
-	type state struct {
-		hook *insideHook
-		ps   proxies
-	}
-	var runs perRun[state]
+	var runs perRun[cut]
 	return loadtest.Fault{
 		Backends: backends,
 		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
-			ps, err := proxyReplica(run, victim, pathLock)
-			if err != nil {
-				return nil, err
-			}
-			hook, err := startInsideHook()
-			if err != nil {
-				ps.Close()
-				return nil, err
-			}
-			hookEveryReplica(run, hook)
-			runs.put(run, state{hook, ps})
-			return func() {
-				runs.drop(run)
-				hook.Close()
-				ps.Close()
-			}, nil
+			return prepareCut(run, &runs, pathLock)
 		},
 		Inject: func(ctx context.Context, run *loadtest.Run) error {
 			st, err := runs.get(run)
