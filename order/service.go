@@ -276,6 +276,16 @@ func (s *Service) refused(ctx context.Context, req Request, err error) (Order, b
 			return Order{}, false, err
 		}
 		return fromStorage(prev), true, nil
+	case errors.Is(err, ErrLockLost), errors.Is(err, storage.ErrUnknownSKU):
+		// Nothing reached MySQL, or there is nothing to cache.
+	default:
+		// The write's outcome is unknown: a connection lost during the
+		// transaction may have committed it. The cache entry must not outlive
+		// that doubt, or the next holder trusts a stale stock; the lock is
+		// still ours, so the refresh reads what the next holder will see.
+		rctx, cancel := afterCommit(ctx)
+		defer cancel()
+		s.refresh(rctx, req.SKU)
 	}
 	return Order{}, false, err
 }
