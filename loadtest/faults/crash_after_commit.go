@@ -32,31 +32,17 @@ func CrashAfterCommit() loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			r, err := victimOf(run)
+			r, other, err := replicas(run)
 			if err != nil {
 				return err
 			}
-			ctx, cancel := detach(ctx)
-			defer cancel()
-			key, sku := run.KeyPrefix+"-crash", run.FaultSKU
-			client := &http.Client{Timeout: 30 * time.Second}
-			defer client.CloseIdleConnections()
-			// The fault's own order, caught at the hook after its commit;
-			// registered before it is sent, so it cannot slip past.
-			caught := hook.expect(byKey(atAfterCommit, key))
-			first := make(chan placed, 1)
-			go func() { first <- place(ctx, client, r.URL, sku, key) }()
-			var victim *hookCall
-			select {
-			case victim = <-caught:
-			case p := <-first:
-				eventf(run, "nothing injected: the fault's own order %s on %s did not commit (status %d %s, %v)", key, r.Name, p.status, p.code, p.err)
-				return nil
-			case <-ctx.Done():
-				eventf(run, "nothing injected: the fault's own order %s on %s did not commit in time", key, r.Name)
+			ctx, d := drive(ctx, run, hook)
+			defer d.close()
+			victim, first := d.enter(ctx, r, atAfterCommit, "crash")
+			if victim == nil {
 				return nil
 			}
-			var p placed
+			key, sku := first.Key, run.FaultSKU
 			t0 := time.Now()
 			err = r.Kill()
 			victim.Answer()
@@ -64,15 +50,14 @@ func CrashAfterCommit() loadtest.Fault {
 				return fmt.Errorf("kill %s: %w", r.Name, err)
 			}
 			run.Fired("%s killed (SIGKILL) after committing order key %s, before answering", victim, key)
-			if p = <-first; p.status != 0 {
+			if p := <-first.done; p.status != 0 {
 				run.Violatedf("the killed replica answered %d", p.status)
 			}
 
 			// The client retries the key on the next replica, a few times.
-			other := run.Fleet.Replicas[(indexOf(run, r)+1)%len(run.Fleet.Replicas)]
 			var retry placed
 			for try := range 5 {
-				if retry = place(ctx, client, other.URL, sku, key); retry.status != 0 && retry.status < 500 {
+				if retry = place(ctx, d.client, other.URL, sku, key); retry.status != 0 && retry.status < 500 {
 					break
 				}
 				if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
@@ -81,7 +66,7 @@ func CrashAfterCommit() loadtest.Fault {
 			}
 			switch {
 			case retry.status == http.StatusOK:
-				eventf(run, "the retry on %s answered 200 with order %s", other.Name, retry.id)
+				run.Eventf("the retry on %s answered 200 with order %s", other.Name, retry.id)
 				run.Acked(retry.id)
 			case retry.status == 0:
 				run.Violatedf("the retry on %s got no answer: %s", other.Name, retry.err)
@@ -95,13 +80,13 @@ func CrashAfterCommit() loadtest.Fault {
 			if n != 1 {
 				run.Violatedf("MySQL holds %d orders for key %s, want 1", n, key)
 			} else {
-				eventf(run, "MySQL holds exactly one order for the key")
+				run.Eventf("MySQL holds exactly one order for the key")
 			}
 
 			if err := r.Start(ctx); err != nil && ctx.Err() == nil {
 				return fmt.Errorf("restart %s: %w", r.Name, err)
 			}
-			eventf(run, "%s started again %s after the kill", r.Name, since(t0))
+			run.Eventf("%s started again %s after the kill", r.Name, since(t0))
 			return nil
 		},
 	}
@@ -150,13 +135,4 @@ func ordersWithKey(ctx context.Context, dsn, key string) (int, error) {
 	var n int
 	err = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM orders WHERE idempotency_key = ?", key).Scan(&n)
 	return n, err
-}
-
-func indexOf(run *loadtest.Run, r *loadtest.Replica) int {
-	for i, x := range run.Fleet.Replicas {
-		if x == r {
-			return i
-		}
-	}
-	return 0
 }

@@ -45,16 +45,10 @@ func DelayedWrite() loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := detach(ctx)
-			defer cancel()
-			dr := newDriver(run)
+			ctx, dr := drive(ctx, run, st.hook)
 			defer dr.close()
-			caught := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-delayed"))
-			first := dr.send(ctx, r, "delayed")
-			c, err := catch(ctx, caught, first, 2*lockWait)
-			if err != nil {
-				notFired(run, err)
-				dr.wait(ctx, first, lockWait)
+			c, first := dr.enter(ctx, r, atBeforeWrite, "delayed")
+			if c == nil {
 				return nil
 			}
 			defer c.Answer()
@@ -67,9 +61,8 @@ func DelayedWrite() loadtest.Fault {
 			run.Fired("%s read the stock under its lease and passed its Lost check; its paths to MariaDB and to the lock server now have %s latency each way, and it sends its write", c, d)
 			// The late write should land after a second holder's write:
 			// heal a moment after the second holder committed.
-			seen := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
-			second := dr.send(ctx, next, "second")
-			if c2, err := catch(ctx, seen, second, d+lockWait); err == nil {
+			c2, second, err := dr.sendCaught(ctx, next, atBeforeWrite, "second", d+lockWait)
+			if err == nil {
 				c2.Answer()
 				run.Eventf("%s took the same lock %s later and writes", c2, since(t0))
 			} else {

@@ -25,24 +25,26 @@ const faultLimit = time.Minute
 // driven order may queue for the lock before it gets a 503.
 const lockWait = 5 * time.Second
 
-// detach returns a context for the fault's own orders: it does not end with
-// the load, only after faultLimit.
-func detach(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), faultLimit)
-}
-
-// driver places the fault's own orders (quantity 1, on the fault SKU) and
-// accounts for what they got.
+// driver places the fault's own orders (quantity 1, on the fault SKU),
+// catches them at the run's hook, and accounts for what they got.
 type driver struct {
 	run    *loadtest.Run
+	hook   *insideHook
 	client *http.Client
+	cancel context.CancelFunc
 }
 
-func newDriver(run *loadtest.Run) *driver {
-	return &driver{run: run, client: &http.Client{Timeout: 30 * time.Second}}
+// drive returns a driver for run's own orders and the context they go on
+// with: it does not end with the load, only after faultLimit or close.
+func drive(ctx context.Context, run *loadtest.Run, hook *insideHook) (context.Context, *driver) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), faultLimit)
+	return ctx, &driver{run: run, hook: hook, client: &http.Client{Timeout: 30 * time.Second}, cancel: cancel}
 }
 
-func (d *driver) close() { d.client.CloseIdleConnections() }
+func (d *driver) close() {
+	d.cancel()
+	d.client.CloseIdleConnections()
+}
 
 // sent is one driven order on its way.
 type sent struct {
@@ -110,6 +112,29 @@ func catch(ctx context.Context, ch <-chan *hookCall, s *sent, limit time.Duratio
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// sendCaught sends order name to replica r and waits up to limit for it
+// at hook point, where it stays until the caller Answers the call.
+func (d *driver) sendCaught(ctx context.Context, r *loadtest.Replica, point, name string, limit time.Duration) (*hookCall, *sent, error) {
+	caught := d.hook.expect(byKey(point, d.run.KeyPrefix+"-"+name))
+	s := d.send(ctx, r, name)
+	c, err := catch(ctx, caught, s, limit)
+	return c, s, err
+}
+
+// enter is the order that meets the fault: sent to replica r and caught at
+// hook point, inside its critical section. An order answered before it got
+// there (a lock timeout, say) leaves the fault nothing to strike: enter
+// says so in the run's events, waits for the answer and returns a nil call.
+func (d *driver) enter(ctx context.Context, r *loadtest.Replica, point, name string) (*hookCall, *sent) {
+	c, s, err := d.sendCaught(ctx, r, point, name, 2*lockWait)
+	if err != nil {
+		notFired(d.run, err)
+		d.wait(ctx, s, lockWait)
+		return nil, s
+	}
+	return c, s
 }
 
 // byKey matches the call of the order with key at hook point point.

@@ -53,7 +53,6 @@ type insideHook struct {
 	URL string
 
 	srv     *http.Server
-	calls   chan *hookCall
 	closing chan struct{}
 	served  chan struct{}
 
@@ -76,7 +75,6 @@ func startInsideHook() (*insideHook, error) {
 	}
 	h := &insideHook{
 		URL:     "http://" + ln.Addr().String() + "/inside",
-		calls:   make(chan *hookCall),
 		closing: make(chan struct{}),
 		served:  make(chan struct{}),
 	}
@@ -108,22 +106,13 @@ func (h *insideHook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	select {
-	case h.calls <- c:
-		select {
-		case <-c.answer:
-		case <-h.closing:
-		case <-r.Context().Done():
-		}
-	default: // no fault waiting: go on at once
-	}
-	w.WriteHeader(http.StatusNoContent)
+	w.WriteHeader(http.StatusNoContent) // no fault waiting: go on at once
 }
 
 // expect registers the first call match will accept, from now on: that call
 // is delivered on the channel and waits there until the fault answers it.
-// Unlike next, nothing can slip past it, so a fault that registers before it
-// sends its own order always catches that order. Each waiter takes one call.
+// Nothing can slip past it, so a fault that registers before it sends its
+// own order always catches that order. Each waiter takes one call.
 func (h *insideHook) expect(match func(*hookCall) bool) <-chan *hookCall {
 	x := &waiter{match: match, ch: make(chan *hookCall, 1)}
 	h.mu.Lock()
@@ -143,22 +132,6 @@ func (h *insideHook) expected(c *hookCall) *waiter {
 		}
 	}
 	return nil
-}
-
-// next waits for a call that match accepts (nil: any), answering every other
-// call at once. The caller must Answer the call it gets.
-func (h *insideHook) next(ctx context.Context, match func(*hookCall) bool) (*hookCall, error) {
-	for {
-		select {
-		case c := <-h.calls:
-			if match == nil || match(c) {
-				return c, nil
-			}
-			c.Answer()
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
 }
 
 // Close answers every waiting call and stops serving.
@@ -185,20 +158,6 @@ func hookReplica(run *loadtest.Run, i int, h *insideHook) {
 		run.ReplicaEnv[i] = map[string]string{}
 	}
 	run.ReplicaEnv[i]["OVERSOLD_FAULT_HOOK"] = h.URL
-}
-
-// at matches calls at one hook point, optionally from one replica.
-func at(point, replica string) func(*hookCall) bool {
-	return func(c *hookCall) bool { return c.At == point && (replica == "" || c.Replica == replica) }
-}
-
-// secondHolder matches a call before the write on the same SKU by another
-// order than first: another lease on the same key, granted while first is
-// still inside.
-func secondHolder(first *hookCall) func(*hookCall) bool {
-	return func(c *hookCall) bool {
-		return c.At == atBeforeWrite && c.SKU == first.SKU && (c.Replica != first.Replica || c.Token != first.Token || c.Token == 0)
-	}
 }
 
 // perRun keeps what a fault's Prepare made for its Inject, by run (a Fault
@@ -252,6 +211,3 @@ func ttl(run *loadtest.Run) time.Duration {
 	}
 	return 10 * time.Second
 }
-
-// eventf records, in words, what the fault did, for the run's report.
-func eventf(run *loadtest.Run, format string, args ...any) { run.Eventf(format, args...) }

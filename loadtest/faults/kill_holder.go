@@ -33,16 +33,10 @@ func KillHolder() loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := detach(ctx)
-			defer cancel()
-			d := newDriver(run)
+			ctx, d := drive(ctx, run, hook)
 			defer d.close()
-			caught := hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-killed"))
-			first := d.send(ctx, r, "killed")
-			c, err := catch(ctx, caught, first, 2*lockWait)
-			if err != nil {
-				notFired(run, err)
-				d.wait(ctx, first, lockWait)
+			c, first := d.enter(ctx, r, atBeforeWrite, "killed")
+			if c == nil {
 				return nil
 			}
 			t0 := time.Now()
@@ -61,7 +55,7 @@ func KillHolder() loadtest.Fault {
 			if err := r.Start(ctx); err != nil {
 				return fmt.Errorf("restart %s: %w", r.Name, err)
 			}
-			eventf(run, "%s started again, ready %s after the kill", r.Name, since(t0))
+			run.Eventf("%s started again, ready %s after the kill", r.Name, since(t0))
 			return nil
 		},
 	}

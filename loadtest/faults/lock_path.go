@@ -79,16 +79,10 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := detach(ctx)
-			defer cancel()
-			dr := newDriver(run)
+			ctx, dr := drive(ctx, run, st.hook)
 			defer dr.close()
-			caught := st.hook.expect(byKey(atAfterRead, run.KeyPrefix+"-cut"))
-			first := dr.send(ctx, r, "cut")
-			c, err := catch(ctx, caught, first, 2*lockWait)
-			if err != nil {
-				notFired(run, err)
-				dr.wait(ctx, first, lockWait)
+			c, first := dr.enter(ctx, r, atAfterRead, "cut")
+			if c == nil {
 				return nil
 			}
 			defer c.Answer()
@@ -105,9 +99,8 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 			t0 := time.Now()
 			run.Fired("%s holds the lock; its path to the lock server now has %s", c, what)
 			// Another holder comes in once the server let the lease go.
-			seen := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
-			second := dr.send(ctx, next, "second")
-			if c2, err := catch(ctx, seen, second, d+lockWait); err == nil {
+			c2, second, err := dr.sendCaught(ctx, next, atBeforeWrite, "second", d+lockWait)
+			if err == nil {
 				c2.Answer()
 				run.Eventf("%s took the same lock %s after the cut, while %s was still inside", c2, since(t0), c.Replica)
 			} else {
@@ -126,42 +119,6 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 			return nil
 		},
 	}
-}
-
-// warmup is how many orders to let through before a fault strikes, drawn
-// from the run's seed: a few, so MySQL already holds a fence and a version.
-func warmup(run *loadtest.Run) int { return 2 + run.Rand.IntN(4) }
-
-// nth returns the n-th call match accepts, answering the ones before it.
-func nth(ctx context.Context, h *insideHook, n int, match func(*hookCall) bool) (*hookCall, error) {
-	for i := 1; ; i++ {
-		c, err := h.next(ctx, match)
-		if err != nil || i >= n {
-			return c, err
-		}
-		c.Answer()
-	}
-}
-
-// victimCall lets the run's first few orders through (warmup, from any
-// replica), then returns the next order of replica (any when "") inside its
-// critical section, before its write. When the load ends first it says so
-// in the run's events and returns the ctx error.
-func victimCall(ctx context.Context, run *loadtest.Run, h *insideHook, replica string) (*hookCall, error) {
-	c, err := nth(ctx, h, warmup(run), at(atBeforeWrite, ""))
-	if err == nil {
-		c.Answer()
-		c, err = h.next(ctx, at(atBeforeWrite, replica))
-	}
-	if err != nil {
-		who := replica
-		if who == "" {
-			who = "any replica"
-		}
-		run.Eventf("the load ended before %s held a lock after the warm-up: nothing injected", who)
-		return nil, err
-	}
-	return c, nil
 }
 
 // since is the time since t0, rounded for a sentence.

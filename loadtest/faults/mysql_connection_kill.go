@@ -49,20 +49,14 @@ func MySQLConnectionKill() loadtest.Fault {
 				return err
 			}
 			defer db.Close()
-			ctx, cancel := detach(ctx)
-			defer cancel()
-			d := newDriver(run)
+			ctx, d := drive(ctx, run, hook)
 			defer d.close()
 			first := run.Rand.IntN(len(run.Fleet.Replicas))
 			for i := range connectionKills {
 				r := run.Fleet.Replicas[(first+i)%len(run.Fleet.Replicas)]
 				name := fmt.Sprintf("killed-conn-%d", i+1)
-				caught := hook.expect(byKey(atBeforeCommit, run.KeyPrefix+"-"+name))
-				o := d.send(ctx, r, name)
-				c, err := catch(ctx, caught, o, 2*lockWait)
-				if err != nil {
-					notFired(run, err)
-					d.wait(ctx, o, lockWait)
+				c, o := d.enter(ctx, r, atBeforeCommit, name)
+				if c == nil {
 					continue
 				}
 				n, err := killOpenTransactions(ctx, db, cfg.DBName)
@@ -74,7 +68,7 @@ func MySQLConnectionKill() loadtest.Fault {
 				if n > 0 {
 					run.Fired(msg, c, n, plural(n, "connection", "connections"))
 				} else {
-					eventf(run, msg, c, n, plural(n, "connection", "connections"))
+					run.Eventf(msg, c, n, plural(n, "connection", "connections"))
 				}
 				d.wait(ctx, o, lockWait)
 			}

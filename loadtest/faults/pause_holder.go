@@ -2,7 +2,6 @@ package faults
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -58,18 +57,12 @@ func pauseHolder(point string) loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := detach(ctx)
-			defer cancel()
-			d := newDriver(run)
+			ctx, d := drive(ctx, run, hook)
 			defer d.close()
 			life := leaseLife(run)
 
-			caught := hook.expect(byKey(point, run.KeyPrefix+"-paused"))
-			first := d.send(ctx, r, "paused")
-			c, err := catch(ctx, caught, first, 2*lockWait)
-			if err != nil {
-				notFired(run, err)
-				d.wait(ctx, first, lockWait)
+			c, first := d.enter(ctx, r, point, "paused")
+			if c == nil {
 				return nil
 			}
 			defer c.Answer()
@@ -91,9 +84,8 @@ func pauseHolder(point string) loadtest.Fault {
 
 			// The second holder: another replica, the same SKU. It waits
 			// for the frozen holder's lease to expire.
-			seen := hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
-			second := d.send(ctx, next, "second")
-			if c2, err := catch(ctx, seen, second, life+lockWait); err == nil {
+			c2, second, err := d.sendCaught(ctx, next, atBeforeWrite, "second", life+lockWait)
+			if err == nil {
 				run.Eventf("%s took the same lock %s into the pause and writes", c2, since(t0))
 				c2.Answer()
 			} else {
@@ -121,14 +113,6 @@ func pauseHolder(point string) loadtest.Fault {
 			return nil
 		},
 	}
-}
-
-// victimOf draws the replica a fault strikes from the run's seed.
-func victimOf(run *loadtest.Run) (*loadtest.Replica, error) {
-	if run.Fleet == nil || len(run.Fleet.Replicas) == 0 {
-		return nil, errors.New("no replicas started by the lab")
-	}
-	return run.Fleet.Replicas[run.Rand.IntN(len(run.Fleet.Replicas))], nil
 }
 
 // leaseLife is how long a lease outlives its holder's last renewal on the

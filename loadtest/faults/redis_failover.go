@@ -211,9 +211,7 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := detach(ctx)
-	defer cancel()
-	d := newDriver(run)
+	ctx, d := drive(ctx, run, f.hook)
 	defer d.close()
 	lockKey := "lock:{sku/" + run.FaultSKU + "}"
 	fenceKey := lockKey + ":fence"
@@ -265,12 +263,8 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 
 	// The first holder takes the lock on the master and waits before its
 	// write, past its one Lost check.
-	caught := f.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-held"))
-	first := d.send(ctx, r1, "held")
-	c, err := catch(ctx, caught, first, 2*lockWait)
-	if err != nil {
-		notFired(run, err)
-		d.wait(ctx, first, lockWait)
+	c, first := d.enter(ctx, r1, atBeforeWrite, "held")
+	if c == nil {
 		return nil
 	}
 	defer c.Answer()
@@ -304,9 +298,8 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 	var second *sent
 	for try := 1; ; try++ {
 		name := fmt.Sprintf("second-%d", try)
-		seen := f.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-"+name))
-		s := d.send(ctx, r2, name)
-		if c2, err = catch(ctx, seen, s, 2*lockWait); err == nil {
+		var s *sent
+		if c2, s, err = d.sendCaught(ctx, r2, atBeforeWrite, name, 2*lockWait); err == nil {
 			second = s
 			break
 		}

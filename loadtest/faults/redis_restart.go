@@ -57,16 +57,10 @@ func RedisRestart() loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := detach(ctx)
-			defer cancel()
-			d := newDriver(run)
+			ctx, d := drive(ctx, run, st.hook)
 			defer d.close()
-			caught := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-held"))
-			first := d.send(ctx, r, "held")
-			c, err := catch(ctx, caught, first, 2*lockWait)
-			if err != nil {
-				notFired(run, err)
-				d.wait(ctx, first, lockWait)
+			c, first := d.enter(ctx, r, atBeforeWrite, "held")
+			if c == nil {
 				return nil
 			}
 			defer c.Answer()
@@ -84,7 +78,7 @@ func RedisRestart() loadtest.Fault {
 			}
 			run.Disrupted("", t0)
 			run.Fired("%s holds the lock; Redis killed (SIGKILL) and restarted empty in %s", c, since(t0))
-			racePair(ctx, run, d, st.hook, c, next, ttl(run)/3+lockWait)
+			racePair(ctx, d, c, next, ttl(run)/3+lockWait)
 			d.wait(ctx, first, faultLimit/2)
 			return nil
 		},
@@ -97,12 +91,11 @@ func RedisRestart() loadtest.Fault {
 // holders who each read the stock before either wrote: without a guard,
 // one decrement is lost. It answers first in any case, and waits for the
 // second order's answer.
-func racePair(ctx context.Context, run *loadtest.Run, d *driver, h *insideHook, first *hookCall, next *loadtest.Replica, limit time.Duration) {
+func racePair(ctx context.Context, d *driver, first *hookCall, next *loadtest.Replica, limit time.Duration) {
 	defer first.Answer()
+	run := d.run
 	t0 := time.Now()
-	seen := h.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
-	second := d.send(ctx, next, "second")
-	c2, err := catch(ctx, seen, second, limit)
+	c2, second, err := d.sendCaught(ctx, next, atBeforeWrite, "second", limit)
 	if err != nil {
 		run.Eventf("no second holder of %s: %v", first.SKU, err)
 	} else {
@@ -111,26 +104,4 @@ func racePair(ctx context.Context, run *loadtest.Run, d *driver, h *insideHook, 
 	}
 	first.Answer()
 	d.wait(ctx, second, limit+lockWait)
-}
-
-// raceSecondHolder waits up to limit for a second order inside the same
-// lock as first, then lets both go on together, as two holders who each
-// read the stock before either wrote: without a guard, one decrement is
-// lost. It answers first in any case.
-func raceSecondHolder(ctx context.Context, run *loadtest.Run, h *insideHook, first *hookCall, limit time.Duration) error {
-	defer first.Answer()
-	t0 := time.Now()
-	wait, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	c2, err := h.next(wait, secondHolder(first))
-	if err != nil {
-		if ctx.Err() == nil {
-			run.Eventf("no second holder of %s within %s", first.SKU, limit)
-		}
-		return nil
-	}
-	run.Eventf("%s holds the same lock %s later: two holders; both go on", c2, since(t0))
-	c2.Answer()
-	first.Answer()
-	return nil
 }

@@ -105,9 +105,7 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := detach(ctx)
-			defer cancel()
-			dr := newDriver(run)
+			ctx, dr := drive(ctx, run, st.hook)
 			defer dr.close()
 			run.Eventf("r1 cannot reach Redlock node C: its leases live on nodes A and B only")
 			// The immediate restart lets r1 go on past its Lost check, as a
@@ -117,12 +115,8 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 			if down != 0 {
 				point = atAfterRead
 			}
-			caught := st.hook.expect(byKey(point, run.KeyPrefix+"-held"))
-			first := dr.send(ctx, r, "held")
-			c, err := catch(ctx, caught, first, 2*lockWait)
-			if err != nil {
-				notFired(run, err)
-				dr.wait(ctx, first, lockWait)
+			c, first := dr.enter(ctx, r, point, "held")
+			if c == nil {
 				return nil
 			}
 			defer c.Answer()
@@ -147,7 +141,7 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 					return err
 				}
 				run.Fired("%s holds the lock; node B killed (SIGKILL) and restarted empty in %s", c, since(t0))
-				racePair(ctx, run, dr, st.hook, c, next, ttl(run)+lockWait)
+				racePair(ctx, dr, c, next, ttl(run)+lockWait)
 				dr.wait(ctx, first, faultLimit/2)
 				return nil
 			}
