@@ -20,6 +20,18 @@ type Report struct {
 	Command string    // how the lab was invoked
 	Started time.Time // when it began
 	Wall    time.Duration
+	// Merged names the report folders whose results this report joins
+	// (lab --merge); empty for a lab that ran its runs itself.
+	Merged []string
+}
+
+// Span says how long the runs took: the lab's wall time, or for a merged
+// report where the runs came from.
+func (r Report) Span() string {
+	if len(r.Merged) > 0 {
+		return fmt.Sprintf("%d runs merged from %s", len(r.Results), strings.Join(r.Merged, ", "))
+	}
+	return r.Wall.Round(100*time.Millisecond).String() + " wall time"
 }
 
 // Files in the report folder.
@@ -76,7 +88,7 @@ func ReadJSON(r io.Reader) ([]Result, error) {
 
 func writeMarkdown(w io.Writer, rep Report) {
 	fmt.Fprintf(w, "# oversold lab results\n\n")
-	fmt.Fprintf(w, "`%s`, %s, %s wall time.\n\n", rep.Command, rep.Started.Format("2006-01-02 15:04 MST"), rep.Wall)
+	fmt.Fprintf(w, "`%s`, %s, %s.\n\n", rep.Command, rep.Started.Format("2006-01-02 15:04 MST"), rep.Span())
 	fmt.Fprintf(w, "Machine: %s.\n\n", rep.Machine)
 	writeMarkdownTable(w, rep.Results)
 	fmt.Fprintf(w, "\n%s\n", definitions)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"net/url"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -38,6 +39,7 @@ type config struct {
 	faults           []string // scenarios, each run on every backend and guard
 	repeat           int      // runs of each configuration, seeds seed, seed+1, ...
 	sweep            sweepConfig
+	merge            []string // report folders to join into one report; nothing runs
 }
 
 // usageError is a bad command line: exit status 2, one line naming the flag.
@@ -99,6 +101,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		"\n(with a fault, --guards defaults to none,version,fencing and --backends to all)")
 	fs.IntVar(&c.repeat, "repeat", 1, "runs of each configuration, with seeds --seed, --seed+1, ...")
 	fs.BoolVar(&c.sweep.on, "sweep", false, sweepHelp)
+	var mergeList string
+	fs.StringVar(&mergeList, "merge", "", "comma-separated report folders of earlier labs (parallel lanes, other machines):\n"+
+		"runs nothing, writes their results.json as one report to --out; only --out and --json go with it")
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -114,6 +119,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if given["merge"] {
+		return c, c.checkMerge(mergeList, given)
+	}
 
 	var err error
 	if c.backends, err = list("backends", backendList, given["backends"], append([]string{"none"}, backends.Names...)); err != nil {
@@ -183,6 +191,29 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 	}
 	return c, nil
+}
+
+// checkMerge validates --merge: folders, and no flag that would run anything.
+func (c *config) checkMerge(value string, given map[string]bool) error {
+	for _, name := range slices.Sorted(maps.Keys(given)) {
+		if name != "merge" && name != "out" && name != "json" {
+			return badFlag("merge", "joins earlier reports and runs nothing: --%s does not go with it", name)
+		}
+	}
+	if c.out == "" {
+		return badFlag("out", "must name a folder")
+	}
+	for _, dir := range strings.Split(value, ",") {
+		dir = strings.TrimSpace(dir)
+		switch {
+		case dir == "":
+			return badFlag("merge", "empty item in %q", value)
+		case filepath.Clean(dir) == filepath.Clean(c.out):
+			return badFlag("out", "%q is one of the reports merged: its results.json would be overwritten", c.out)
+		}
+		c.merge = append(c.merge, dir)
+	}
+	return nil
 }
 
 // list splits a comma-separated flag value and checks each item.

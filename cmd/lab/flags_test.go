@@ -33,6 +33,11 @@ func TestBadFlagsExit2NamingTheFlag(t *testing.T) {
 		{[]string{"--seed", "x"}, "seed"},
 		{[]string{"--bogus"}, "bogus"},
 		{[]string{"extra"}, "extra"},
+		{[]string{"--merge", "a,,b"}, "merge"},
+		{[]string{"--merge", "a", "--fault", "pause-holder"}, "merge"},
+		{[]string{"--merge", "a", "--backends", "redis"}, "merge"},
+		{[]string{"--merge", "a,lab-report"}, "out"},
+		{[]string{"--merge", "a", "--out", ""}, "out"},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

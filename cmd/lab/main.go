@@ -79,7 +79,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "lab:", err)
 		return exitBadFlags
 	}
-	if err := lab(ctx, cfg, args, stdout, stderr); err != nil {
+	if cfg.merge != nil {
+		err = merge(cfg, args, stdout, stderr)
+	} else {
+		err = lab(ctx, cfg, args, stdout, stderr)
+	}
+	if err != nil {
 		fmt.Fprintln(stderr, "lab:", err)
 		return exitCouldNotRun
 	}
