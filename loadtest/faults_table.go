@@ -3,9 +3,11 @@ package loadtest
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 )
 
 // FaultRow is one cell of the faults table: every run of one scenario on one
@@ -18,7 +20,7 @@ type FaultRow struct {
 	Oversold, LostUpdates int
 	LostAcks, Duplicates  int
 	Overlaps, Refused     int
-	RecoveryMS            *float64 // the longest, where measured
+	Recovery              []time.Duration // each run's, where measured
 }
 
 // Cells is the row as the tables print it.
@@ -37,8 +39,12 @@ func (f FaultRow) Cells() []string {
 		safe += fmt.Sprintf(" (%d/%d)", f.Safe, f.Runs)
 	}
 	rec := "-"
-	if f.RecoveryMS != nil {
-		rec = num(*f.RecoveryMS)
+	switch n := len(f.Recovery); {
+	case n == 1:
+		rec = num(ms(f.Recovery[0]))
+	case n > 1:
+		rs := slices.Clone(f.Recovery)
+		rec = fmt.Sprintf("%s (max %s)", num(ms(percentile(rs, 0.5))), num(ms(slices.Max(rs))))
 	}
 	fired := fmt.Sprintf("%d/%d", f.Fired, f.Runs)
 	return []string{f.Fault, f.Backend, f.Guard, safe, fired, strconv.Itoa(f.Oversold), strconv.Itoa(f.LostUpdates),
@@ -86,9 +92,8 @@ func FaultRows(results []Result) []FaultRow {
 		row.Duplicates += r.Duplicates
 		row.Overlaps += r.Overlaps
 		row.Refused += r.StaleWritesRefused
-		if r.RecoveryMS != nil && (row.RecoveryMS == nil || *r.RecoveryMS > *row.RecoveryMS) {
-			v := *r.RecoveryMS
-			row.RecoveryMS = &v
+		if r.RecoveryMS != nil {
+			row.Recovery = append(row.Recovery, time.Duration(*r.RecoveryMS*float64(time.Millisecond)))
 		}
 	}
 	return rows
@@ -145,7 +150,7 @@ func plural(n int, one, many string) string {
 }
 
 // faultDefinitions says what the faults table's columns mean.
-const faultDefinitions = `*safe?* = every invariant held in every run of the cell (n/a: the scenario, or guard fencing on a backend without a token, does not apply). *fired* = runs in which the fault did strike, of the cell's runs. *overlaps* = pairs of leases on one key that two replicas held at once, from the replicas' own lease records (acquired, released or lost), one clock. *refused* = stale writes the MySQL guard refused (version conflicts and stale fences). *recovery* = the longest time from the fault to the next order decided on the disrupted SKU.`
+const faultDefinitions = `*safe?* = every invariant held in every run of the cell (n/a: the scenario, or guard fencing on a backend without a token, does not apply). *fired* = runs in which the fault did strike, of the cell's runs. *overlaps* = pairs of leases on one key that two replicas held at once, from the replicas' own lease records (acquired, released or lost), one clock. *refused* = stale writes the MySQL guard refused (version conflicts and stale fences). *recovery* = the time from the fault to the next order decided on the disrupted SKU: the median over the cell's runs, and the longest.`
 
 // writeFaultsMarkdown writes the faults table and one line per fault run.
 func writeFaultsMarkdown(w io.Writer, results []Result) {

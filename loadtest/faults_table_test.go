@@ -7,7 +7,7 @@ import (
 )
 
 func TestFaultRows(t *testing.T) {
-	ms := 1500.0
+	ms, fast, slow := 1500.0, 1000.0, 4000.0
 	results := []Result{
 		{Backend: "redis", Guard: "none"}, // no fault: left out
 		{Backend: "redis", Guard: "none", Fault: "pause-holder", Overlaps: 1, LostUpdates: 1},
@@ -15,10 +15,13 @@ func TestFaultRows(t *testing.T) {
 		{Backend: "redis", Guard: "version", Fault: "kill-holder", Safe: true, RecoveryMS: &ms, StaleWritesRefused: 3},
 		{Backend: "local", Guard: "none", Fault: "pause-holder", NotApplicable: true},
 		{Backend: "etcd", Guard: "none", Fault: "pause-holder", NotFired: true, Safe: true},
+		{Backend: "redis", Guard: "none", Fault: "kill-holder", Safe: true, RecoveryMS: &slow},
+		{Backend: "redis", Guard: "none", Fault: "kill-holder", Safe: true, RecoveryMS: &fast},
+		{Backend: "redis", Guard: "none", Fault: "kill-holder", Safe: true, RecoveryMS: &ms},
 	}
 	rows := FaultRows(results)
-	if len(rows) != 4 {
-		t.Fatalf("%d rows, want 4: %+v", len(rows), rows)
+	if len(rows) != 5 {
+		t.Fatalf("%d rows, want 5: %+v", len(rows), rows)
 	}
 	if got := strings.Join(rows[0].Cells(), " "); got != "pause-holder redis none NO (1/2) 2/2 0 1 0 3 0 -" {
 		t.Errorf("row 0: %q", got)
@@ -34,6 +37,9 @@ func TestFaultRows(t *testing.T) {
 	}
 	if got := rows[3].Cells()[4]; got != "0/1" {
 		t.Errorf("row 3 fired %q, want 0/1", got)
+	}
+	if got := rows[4].Cells()[10]; got != "1500 (max 4000)" {
+		t.Errorf("recovery over three runs %q, want the median and the longest", got)
 	}
 	if s := results[5].Story(); !strings.HasPrefix(s, "FAULT DID NOT FIRE") {
 		t.Errorf("story of a fault that did not fire: %q", s)
