@@ -31,7 +31,7 @@ func (r Report) Span() string {
 	if len(r.Merged) > 0 {
 		return fmt.Sprintf("%d runs merged from %s", len(r.Results), strings.Join(r.Merged, ", "))
 	}
-	return r.Wall.Round(100*time.Millisecond).String() + " wall time"
+	return r.Wall.String() + " wall time"
 }
 
 // Files in the report folder.
