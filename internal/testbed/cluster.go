@@ -1,0 +1,142 @@
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Cluster is several servers of one kind that agree among themselves: a
+// ZooKeeper ensemble, an etcd cluster, a Redis Cluster. Each node is a
+// Server of its own, so a fault kills, pauses or restarts one node with the
+// Server methods; Leader finds the node to strike.
+type Cluster struct {
+	Kind  string    // KindZooKeeper, KindEtcd, KindRedis
+	Nodes []*Server // in the order of their ids (ZooKeeper myid 1, 2, 3)
+	Dir   string    // holds one directory per node
+
+	ownDir bool
+	leader func(ctx context.Context, c *Cluster) (int, error)
+}
+
+// ClusterOptions tune a cluster start. The zero value is three nodes (six for
+// Redis: three masters and a replica of each) in a fresh temp dir.
+type ClusterOptions struct {
+	Dir string // "" = a new temp dir, removed by Stop
+	// Detach lets the nodes survive this process (lab --keep).
+	Detach bool
+}
+
+// Addrs are the client addresses of the nodes, in order.
+func (c *Cluster) Addrs() []string {
+	out := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		out[i] = n.Addr
+	}
+	return out
+}
+
+// Leader returns the index of the node that leads now (ZooKeeper, etcd),
+// asking every running node; for Redis it is the master of slot 0 (see
+// MasterOf for any other slot).
+func (c *Cluster) Leader(ctx context.Context) (int, error) { return c.leader(ctx, c) }
+
+// WaitLeader polls Leader until a node other than not (-1 for any) leads,
+// and returns it with the time it took.
+func (c *Cluster) WaitLeader(ctx context.Context, not int) (int, error) {
+	for {
+		i, err := c.Leader(ctx)
+		if err == nil && i != not {
+			return i, nil
+		}
+		select {
+		case <-ctx.Done():
+			return -1, fmt.Errorf("%s cluster: no new leader: %w (last: %d, %v)", c.Kind, ctx.Err(), i, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Stop stops every node and removes Dir if testbed made it.
+func (c *Cluster) Stop() error {
+	errs := make([]error, len(c.Nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.Nodes {
+		wg.Go(func() { errs[i] = n.Stop() })
+	}
+	wg.Wait()
+	if c.ownDir {
+		errs = append(errs, os.RemoveAll(c.Dir))
+	}
+	return errors.Join(errs...)
+}
+
+// String names the cluster for logs.
+func (c *Cluster) String() string {
+	return fmt.Sprintf("%s cluster %s", c.Kind, strings.Join(c.Addrs(), ","))
+}
+
+// newCluster makes the cluster's directory and picks its ports: per node,
+// perNode ports (the client port first).
+func newCluster(kind string, o ClusterOptions, nodes, perNode int) (*Cluster, [][]int, error) {
+	if cmd := Missing(kind); cmd != "" {
+		return nil, nil, fmt.Errorf("start %s cluster: %w: %s", kind, ErrMissing, cmd)
+	}
+	c := &Cluster{Kind: kind, Dir: o.Dir}
+	if c.Dir == "" {
+		d, err := os.MkdirTemp("", "testbed-"+kind+"-cluster-")
+		if err != nil {
+			return nil, nil, err
+		}
+		c.Dir, c.ownDir = d, true
+	}
+	if d, err := filepath.Abs(c.Dir); err == nil {
+		c.Dir = d
+	}
+	ports := make([][]int, nodes)
+	for i := range ports {
+		p, err := freePorts(perNode, 0)
+		if err != nil {
+			c.Stop()
+			return nil, nil, err
+		}
+		ports[i] = p
+	}
+	return c, ports, nil
+}
+
+// startNodes starts every node at once (no node of a quorum can be ready
+// alone) and stops them all if one fails.
+func (c *Cluster) startNodes(ctx context.Context, n int, start func(ctx context.Context, i int) (*Server, error)) error {
+	c.Nodes = make([]*Server, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { c.Nodes[i], errs[i] = start(ctx, i) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		var started []*Server
+		for _, s := range c.Nodes {
+			if s != nil {
+				started = append(started, s)
+			}
+		}
+		c.Nodes = started
+		c.Stop()
+		return fmt.Errorf("start %s cluster: %w", c.Kind, err)
+	}
+	return nil
+}
+
+func (c *Cluster) nodeDir(i int) string { return filepath.Join(c.Dir, "node"+strconv.Itoa(i+1)) }
+
+// clusterTimeout bounds a whole cluster start: its nodes start at once, and
+// a Redis Cluster then forms.
+const clusterTimeout = 2 * startTimeout
