@@ -33,9 +33,10 @@ type Result struct {
 	WorkDelay   string   `json:"work_delay"`
 	LockTTL     string   `json:"lock_ttl"`
 	Seed        int64    `json:"seed"`
-	NoResponse  int      `json:"no_response"` // requests that got no HTTP answer (timeout, refused)
-	DurationS   float64  `json:"duration_s"`  // first request sent to last answer received
-	OrdersRPS   float64  `json:"orders_rps"`  // 201s per second over the same span
+	Topology    string   `json:"topology,omitempty"` // "cluster" when the lock and cache servers were clusters
+	NoResponse  int      `json:"no_response"`        // requests that got no HTTP answer (timeout, refused)
+	DurationS   float64  `json:"duration_s"`         // first request sent to last answer received
+	OrdersRPS   float64  `json:"orders_rps"`         // 201s per second over the same span
 	LockWaitMS  *Wait    `json:"lock_wait_ms,omitempty"`
 	LockHoldMS  *Wait    `json:"lock_hold_ms,omitempty"`
 	Conflicts   int      `json:"guard_conflicts"`

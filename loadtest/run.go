@@ -44,7 +44,8 @@ type Spec struct {
 	Workers   int // requests in flight at most
 	WorkDelay time.Duration
 	LockTTL   time.Duration
-	Seed      int64 // seeds Run.Rand, which faults draw their timing from
+	Seed      int64  // seeds Run.Rand, which faults draw their timing from
+	Topology  string // "cluster" when Runner.Servers are clusters; "" for single servers
 }
 
 // Name is the run's label, as in Result.Name.
@@ -228,7 +229,7 @@ func (s Spec) result() Result {
 	return Result{
 		Backend: s.Backend, Guard: s.Guard, Replicas: s.Replicas, Fault: s.Fault,
 		Requests: s.Requests, Status: map[string]int{}, SKUs: s.SKUs,
-		Rate: s.Rate, Workers: s.Workers, Seed: s.Seed,
+		Rate: s.Rate, Workers: s.Workers, Seed: s.Seed, Topology: s.Topology,
 		WorkDelay: s.WorkDelay.String(), LockTTL: s.LockTTL.String(),
 	}
 }

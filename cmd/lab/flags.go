@@ -30,6 +30,7 @@ type config struct {
 	skus             int
 	lockTTL          time.Duration
 	servers          servers // given by address; the rest are started
+	topology         string  // "single" or "cluster": what the lab starts (DESIGN.md)
 	target           string  // replicas already running behind this URL
 	orderd           string  // a prebuilt orderd; "" builds ./cmd/orderd
 	keep             bool
@@ -89,6 +90,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Var(intList{&c.skus, &c.sweep.skus}, "skus", "hot SKUs, ordered round-robin; with --sweep a comma-separated list, 1,4,16 unless given")
 	fs.DurationVar(&c.lockTTL, "lock-ttl", 2*time.Second, "lease time to live (OVERSOLD_LOCK_TTL)")
 	fs.Var(&c.servers, "servers", serversHelp)
+	fs.StringVar(&c.topology, "topology", topologySingle, "servers the lab starts: single (one of each) or cluster (a three-node\n"+
+		"ZooKeeper ensemble, a three-node etcd cluster, a Redis Cluster of three masters with a replica each\n"+
+		"for the cache and the redis lock; Redlock keeps its independent masters)")
 	fs.StringVar(&c.target, "target", "", "base URL of replicas already running behind a balancer (the compose demo):\n"+
 		"starts none and runs one configuration; the admin token comes from OVERSOLD_ADMIN_TOKEN")
 	fs.StringVar(&c.orderd, "orderd", "", "orderd binary to run (default: go build ./cmd/orderd)")
@@ -171,6 +175,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if c.out == "" {
 		return c, badFlag("out", "must name a folder")
 	}
+	if c.topology != topologySingle && c.topology != topologyCluster {
+		return c, badFlag("topology", "want single or cluster, got %q", c.topology)
+	}
+	if c.topology == topologyCluster && c.target != "" {
+		return c, badFlag("topology", "the lab starts no server with --target")
+	}
 	if err := c.checkSweep(given); err != nil {
 		return c, err
 	}
@@ -251,6 +261,15 @@ func guardNames() []string {
 	return out
 }
 
+// specTopology is what the runs record: "cluster", or nothing for the
+// default single servers.
+func (c config) specTopology() string {
+	if c.topology == topologyCluster {
+		return topologyCluster
+	}
+	return ""
+}
+
 // specs is the experiment the flags ask for, in run order.
 func (c config) specs() []loadtest.Spec {
 	if c.sweep.on {
@@ -281,7 +300,7 @@ func (c config) specs() []loadtest.Spec {
 				specs = append(specs, loadtest.Spec{
 					Backend: p.backend, Guard: p.guard, Replicas: c.replicas, Fault: f,
 					Stock: c.stock, SKUs: c.skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
-					WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: c.seed + int64(i),
+					WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: c.seed + int64(i), Topology: c.specTopology(),
 				})
 			}
 		}

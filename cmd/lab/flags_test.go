@@ -25,6 +25,8 @@ func TestBadFlagsExit2NamingTheFlag(t *testing.T) {
 		{[]string{"--work-delay", "soon"}, "work-delay"},
 		{[]string{"--work-delay", "-1ms"}, "work-delay"},
 		{[]string{"--lock-ttl", "0s"}, "lock-ttl"},
+		{[]string{"--topology", "mesh"}, "topology"},
+		{[]string{"--topology", "cluster", "--target", "http://127.0.0.1:8080", "--backends", "redis", "--guards", "none"}, "topology"},
 		{[]string{"--servers", "postgres=127.0.0.1:5432"}, "servers"},
 		{[]string{"--servers", "redis="}, "servers"},
 		{[]string{"--target", "127.0.0.1:8080"}, "target"},

@@ -213,14 +213,14 @@ func prepare(ctx context.Context, cfg config, specs []loadtest.Spec, stderr io.W
 			need = append(need, k)
 		}
 	}
-	fmt.Fprintf(stderr, "starting servers (%s) and building orderd…\n", strings.Join(need, ", "))
+	fmt.Fprintf(stderr, "starting servers (%s, topology %s) and building orderd…\n", strings.Join(need, ", "), cfg.topology)
 	start := time.Now()
 
 	var wg sync.WaitGroup
 	var fleet *fleetServers
 	var srvErr, buildErr error
 	binary := cfg.orderd
-	wg.Go(func() { fleet, srvErr = startServers(ctx, need, cfg.servers, cfg.keep) })
+	wg.Go(func() { fleet, srvErr = startServers(ctx, need, cfg.servers, cfg.topology, cfg.keep) })
 	if binary == "" {
 		wg.Go(func() { binary, buildErr = buildOrderd(ctx) })
 	}

@@ -107,15 +107,16 @@ var testbedKind = map[string]string{
 // fleetServers is every server the lab uses: the given ones, and the ones it
 // started for the kinds not given.
 type fleetServers struct {
-	addrs   loadtest.Servers
-	started map[string][]*testbed.Server // by kind: what faults stop, pause and restart
-	missing map[string]error             // kind -> why it is not available
+	addrs    loadtest.Servers
+	started  map[string][]*testbed.Server // by kind: what faults stop, pause and restart
+	clusters []*testbed.Cluster           // with --topology cluster
+	missing  map[string]error             // kind -> why it is not available
 }
 
 // startServers starts, at once, a private server for every kind in need that
 // was not given. MySQL and Redis are needed by every run: failing either is
 // fatal. Any other kind that fails only fails the runs that need it.
-func startServers(ctx context.Context, need []string, given servers, keep bool) (*fleetServers, error) {
+func startServers(ctx context.Context, need []string, given servers, topology string, keep bool) (*fleetServers, error) {
 	fs := &fleetServers{started: map[string][]*testbed.Server{}, missing: map[string]error{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -156,6 +157,20 @@ func startServers(ctx context.Context, need []string, given servers, keep bool) 
 		tk := testbedKind[kind]
 		if cmd := testbed.Missing(tk); cmd != "" {
 			set(kind, nil, nil, fmt.Errorf("%s is not installed: %s (or give it with --servers %s=...)", tk, cmd, kind))
+			continue
+		}
+		if clustered(topology, kind) {
+			wg.Go(func() {
+				addrs, c, err := startCluster(ctx, kind, keep)
+				var nodes []*testbed.Server
+				if c != nil {
+					nodes = c.Nodes
+					mu.Lock()
+					fs.clusters = append(fs.clusters, c)
+					mu.Unlock()
+				}
+				set(kind, addrs, nodes, err)
+			})
 			continue
 		}
 		n := 1
@@ -233,6 +248,9 @@ func (fs *fleetServers) stop(keep bool) {
 		}
 	}
 	wg.Wait()
+	for _, c := range fs.clusters {
+		c.Stop() // its nodes are stopped: this removes its folder
+	}
 }
 
 // describe writes the addresses as a --servers value that reuses them.

@@ -140,7 +140,7 @@ func (c config) sweepSpecs() []loadtest.Spec {
 		specs = append(specs, loadtest.Spec{
 			Backend: backend, Guard: guard, Replicas: replicas,
 			Stock: c.stock, SKUs: skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
-			WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: seed,
+			WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: seed, Topology: c.specTopology(),
 		})
 	}
 	for _, r := range c.sweep.replicas {
