@@ -66,9 +66,10 @@ type Fault struct {
 	Backends []string
 }
 
-// TokenlessBackends have no fencing token (Token is always 0): guard fencing
-// does not apply to them. Redlock has none that is safe (DESIGN.md).
-var TokenlessBackends = []string{"none", "redlock"}
+// TokenlessBackends have no fencing token safe across replicas: guard
+// fencing does not apply to them (orderd refuses the pair at start). Local's
+// token counts per process only; redlock has none that is safe (DESIGN.md).
+var TokenlessBackends = []string{"none", "local", "redlock"}
 
 // Applies reports whether the fault makes sense for backend.
 func (f Fault) Applies(backend string) bool {

@@ -192,7 +192,21 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 			return config{}, &configError{Var: s.env, Err: err}
 		}
 	}
-	return c, nil
+	return c, c.checkPairs()
+}
+
+// tokenless are the locks whose leases carry no fencing token that is safe
+// across replicas: none has no lease, local's token counts per process only,
+// redlock has none (docs/design.md, "Lock backends").
+var tokenless = []string{"none", "local", "redlock"}
+
+// checkPairs refuses the settings that are each valid but wrong together.
+func (c config) checkPairs() error {
+	if c.Guard == storage.GuardFencing && slices.Contains(tokenless, c.Lock) {
+		return &configError{Var: "OVERSOLD_GUARD", Err: fmt.Errorf(
+			"fencing needs fencing tokens, and OVERSOLD_LOCK=%s has none (want a lock of redis, zookeeper, mysql, etcd, or another guard)", c.Lock)}
+	}
+	return nil
 }
 
 // usage prints the table, for --help.

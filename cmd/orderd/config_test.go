@@ -95,6 +95,10 @@ func TestConfigErrors(t *testing.T) {
 		{nil, env("OVERSOLD_MYSQL_DSN", "garbage"), `OVERSOLD_MYSQL_DSN: invalid DSN: missing the slash separating the database name`},
 		{nil, env("OVERSOLD_MYSQL_DSN", "root@tcp(db:3306)/"), `OVERSOLD_MYSQL_DSN: names no database`},
 		{nil, env("OVERSOLD_INSTANCE", strings.Repeat("r", 256)), `OVERSOLD_INSTANCE: longer than 255 bytes`},
+		{nil, env("OVERSOLD_GUARD", "fencing", "OVERSOLD_LOCK", "none"),
+			`OVERSOLD_GUARD: fencing needs fencing tokens, and OVERSOLD_LOCK=none has none (want a lock of redis, zookeeper, mysql, etcd, or another guard)`},
+		{[]string{"--guard", "fencing"}, env("OVERSOLD_LOCK", "local"), `OVERSOLD_GUARD: fencing needs fencing tokens, and OVERSOLD_LOCK=local has none...`},
+		{[]string{"--lock", "redlock"}, env("OVERSOLD_GUARD", "fencing"), `OVERSOLD_GUARD: fencing needs fencing tokens, and OVERSOLD_LOCK=redlock has none...`},
 		{[]string{"--nope"}, env(), `flags: flag provided but not defined: -nope`},
 		{[]string{"serve"}, env(), `flags: unexpected argument "serve"`},
 	} {
@@ -113,6 +117,16 @@ func TestConfigErrors(t *testing.T) {
 		}
 		if exitCode(err) != 2 {
 			t.Errorf("%q: exit status %d, want 2", msg, exitCode(err))
+		}
+	}
+}
+
+// TestFencingWithTokens: guard fencing starts with every lock that has
+// fencing tokens (TestConfigErrors refuses the others).
+func TestFencingWithTokens(t *testing.T) {
+	for _, lock := range []string{"redis", "zookeeper", "mysql", "etcd"} {
+		if _, err := parseConfig(nil, env("OVERSOLD_GUARD", "fencing", "OVERSOLD_LOCK", lock)); err != nil {
+			t.Errorf("fencing with %s: %v", lock, err)
 		}
 	}
 }

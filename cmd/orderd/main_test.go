@@ -91,6 +91,11 @@ func TestBinary(t *testing.T) {
 		t.Parallel()
 		exitsWithOneLine(t, command(bin, "OVERSOLD_LOCK_TTL=abc"), "orderd: OVERSOLD_LOCK_TTL: time: invalid duration \"abc\"\n")
 	})
+	t.Run("fencing without tokens", func(t *testing.T) {
+		t.Parallel()
+		exitsWithOneLine(t, command(bin, "OVERSOLD_GUARD=fencing", "OVERSOLD_LOCK=redlock", "OVERSOLD_REDLOCK_ADDRS=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"),
+			"orderd: OVERSOLD_GUARD: fencing needs fencing tokens, and OVERSOLD_LOCK=redlock has none (want a lock of redis, zookeeper, mysql, etcd, or another guard)\n")
+	})
 	t.Run("unreachable redis", func(t *testing.T) {
 		t.Parallel()
 		dead := closedAddr(t)
