@@ -11,8 +11,7 @@ import (
 )
 
 // StartEtcdCluster starts a three-member etcd cluster (n1, n2, n3) on free
-// loopback ports, with etcd's default timing (100 ms heartbeats, 1 s
-// election timeout), and returns once every member reports health, which
+// loopback ports and returns once every member reports health, which
 // needs a leader. A member killed and restarted keeps its data directory
 // and rejoins as itself.
 func StartEtcdCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
@@ -48,6 +47,8 @@ func StartEtcdCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 					"--initial-cluster=" + strings.Join(initial, ","),
 					"--initial-cluster-token=" + token,
 					"--initial-cluster-state=new", // ignored once data-dir holds a member
+					"--heartbeat-interval=50",
+					"--election-timeout=500",
 					"--logger=zap",
 					"--log-outputs=stderr",
 				}

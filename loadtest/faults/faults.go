@@ -23,5 +23,8 @@ func All() map[string]loadtest.Fault {
 		"redlock-node-restart-delayed": RedlockNodeRestartDelayed(),
 		"zk-session-expiry":            ZKSessionExpiry(),
 		"etcd-lease-expiry":            EtcdLeaseExpiry(),
+		// Cluster faults: each run gets a cluster of its own.
+		"zk-leader-kill":   ZKLeaderKill(),
+		"etcd-leader-kill": EtcdLeaderKill(),
 	}
 }

@@ -1,0 +1,47 @@
+package faults_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/loadtest"
+)
+
+// The cluster faults, each in a short run on a cluster of its own.
+
+// TestLeaderKill: the ZooKeeper or etcd leader killed under a held lease
+// while orders flow. A new leader is elected, the lease outlives the old
+// one (no rival gets the lock while the holder stays inside for a lease's
+// whole life after the election), no two holders overlap, and guard none
+// keeps every invariant.
+func TestLeaderKill(t *testing.T) {
+	for _, tc := range []struct{ fault, backend string }{
+		{"zk-leader-kill", "zookeeper"},
+		{"etcd-leader-kill", "etcd"},
+	} {
+		t.Run(tc.backend+"/none", func(t *testing.T) {
+			spec := short(tc.fault, tc.backend, "none")
+			spec.LockTTL = 2 * time.Second // the lab's default: an election fits in it
+			r := runFault(t, spec)
+			assertFired(t, r)
+			assertSafe(t, r)
+			if r.Overlaps != 0 {
+				t.Errorf("%s: %d overlaps, want none: %v", r.Name(), r.Overlaps, r.FaultEvents)
+			}
+			for _, want := range []string{" leads ", "no rival got the lock", "restarted and rejoined"} {
+				if !hasEvent(r, want) {
+					t.Errorf("%s: no event says %q: %v", r.Name(), want, r.FaultEvents)
+				}
+			}
+			if r.RecoveryMS == nil || *r.RecoveryMS <= 0 {
+				t.Errorf("%s: no recovery time", r.Name())
+			}
+		})
+	}
+}
+
+func hasEvent(r loadtest.Result, s string) bool {
+	return slices.ContainsFunc(r.FaultEvents, func(e string) bool { return strings.Contains(e, s) })
+}

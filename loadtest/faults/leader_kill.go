@@ -1,0 +1,141 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/loadtest"
+)
+
+// ZKLeaderKill kills the leader of a three-node ZooKeeper ensemble with
+// SIGKILL while a replica holds a lock and orders flow. The two followers
+// elect a new leader, which takes over every session with its full timeout,
+// so the holder's session, and its ephemeral node, survive: a rival waits
+// for the holder's release, no second holder ever overlaps it, and even
+// guard none keeps every invariant. The run's recovery_ms is the longer of
+// the election (kill to a new leader) and the load's wait for its next
+// decided order.
+func ZKLeaderKill() loadtest.Fault {
+	return leaderKill("zookeeper", func(ctx context.Context) (*testbed.Cluster, error) {
+		return testbed.StartZooKeeperEnsemble(ctx, testbed.ClusterOptions{}, nil)
+	})
+}
+
+// EtcdLeaderKill is the etcd analogue: the leader of a three-member cluster
+// killed under a held lease. The new leader keeps every lease (Raft
+// replicated it; etcd extends leases on a leader change so none expires
+// for the election's sake).
+func EtcdLeaderKill() loadtest.Fault {
+	return leaderKill("etcd", func(ctx context.Context) (*testbed.Cluster, error) {
+		return testbed.StartEtcdCluster(ctx, testbed.ClusterOptions{})
+	})
+}
+
+// leaderKill is a leader-kill scenario on backend's cluster, which every
+// run gets to itself (a killed leader must not disturb the next run): the
+// lab's --topology cluster servers are left alone.
+func leaderKill(backend string, startCluster func(context.Context) (*testbed.Cluster, error)) loadtest.Fault {
+	type state struct {
+		hook    *insideHook
+		cluster *testbed.Cluster
+	}
+	var runs perRun[state]
+	return loadtest.Fault{
+		Backends: []string{backend},
+		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
+			c, err := startCluster(ctx)
+			if err != nil {
+				return nil, err
+			}
+			hook, err := startInsideHook()
+			if err != nil {
+				c.Stop()
+				return nil, err
+			}
+			if backend == "zookeeper" {
+				run.Servers.ZKServers = c.Addrs()
+			} else {
+				run.Servers.EtcdEndpoints = c.Addrs()
+			}
+			hookEveryReplica(run, hook)
+			runs.put(run, state{hook, c})
+			return func() {
+				runs.drop(run)
+				hook.Close()
+				c.Stop()
+			}, nil
+		},
+		Inject: func(ctx context.Context, run *loadtest.Run) error {
+			st, err := runs.get(run)
+			if err != nil {
+				return err
+			}
+			r, next, err := replicas(run)
+			if err != nil {
+				return err
+			}
+			ctx, d := drive(ctx, run, st.hook)
+			defer d.close()
+			c, first := d.enter(ctx, r, atBeforeWrite, "held")
+			if c == nil {
+				return nil
+			}
+			defer c.Answer()
+			leader, err := st.cluster.Leader(ctx)
+			if err != nil {
+				return err
+			}
+			// The rival is caught at the same point, once it holds the lock.
+			rival := d.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-rival"))
+			t0 := time.Now()
+			if err := st.cluster.Nodes[leader].Kill(); err != nil {
+				return err
+			}
+			run.Disrupted("", t0)
+			run.Fired("%s holds the lock; the %s leader, node %d of 3 (%s), killed (SIGKILL)", c, backend, leader+1, st.cluster.Nodes[leader].Addr)
+			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			now, err := st.cluster.WaitLeader(ectx, leader)
+			cancel()
+			if err != nil {
+				run.Eventf("no new leader: %v", err)
+			} else {
+				run.Recovered(time.Since(t0))
+				run.Eventf("node %d leads %s after the kill", now+1, since(t0))
+			}
+			// The rival asks once the ensemble serves again, and the holder
+			// stays inside for the lease's whole life after that: had the
+			// failover lost the lease, the new leader would have expired it
+			// and granted the rival by then.
+			t1 := time.Now()
+			second := d.send(ctx, next, "rival")
+			hold := leaseLife(run) + 500*time.Millisecond
+			select {
+			case c2 := <-rival:
+				run.Eventf("%s took the same lock %s after the kill, while %s still held it: two holders", c2, since(t0), c.Replica)
+				c2.Answer()
+			case <-time.After(hold):
+				run.Eventf("no rival got the lock in the %s %s held it after the election", since(t1), c.Replica)
+			case <-ctx.Done():
+			}
+			c.Answer()
+			d.wait(ctx, first, lockWait)
+			select { // the rival now gets the lock the holder released
+			case c2 := <-rival:
+				c2.Answer()
+			case <-time.After(2 * lockWait):
+			case <-ctx.Done():
+			}
+			d.wait(ctx, second, lockWait)
+
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := st.cluster.Nodes[leader].Restart(rctx); err != nil {
+				return fmt.Errorf("restart the killed leader: %w", err)
+			}
+			run.Eventf("node %d restarted and rejoined %s after the kill", leader+1, since(t0))
+			return nil
+		},
+	}
+}
