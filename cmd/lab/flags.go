@@ -95,7 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		"for the cache and the redis lock; Redlock keeps its independent masters)")
 	fs.StringVar(&c.target, "target", "", "base URL of replicas already running behind a balancer (the compose demo):\n"+
 		"starts none and runs one configuration; the admin token comes from OVERSOLD_ADMIN_TOKEN")
-	fs.StringVar(&c.orderd, "orderd", "", "orderd binary to run (default: go build ./cmd/orderd)")
+	fs.StringVar(&c.orderd, "orderd", "", "orderd binary to run, built with -tags labfaults for the faults that use its hook (default: go build -tags labfaults ./cmd/orderd)")
 	fs.BoolVar(&c.keep, "keep", false, "leave the started servers running and print their addresses")
 	fs.StringVar(&c.out, "out", "lab-report", "report folder")
 	fs.BoolVar(&c.json, "json", false, "print the results array on stdout, and nothing else there")

@@ -241,14 +241,15 @@ func prepare(ctx context.Context, cfg config, specs []loadtest.Spec, stderr io.W
 	return fleet, binary, nil
 }
 
-// buildOrderd builds cmd/orderd once for the whole lab, into a temp folder.
+// buildOrderd builds cmd/orderd once for the whole lab, into a temp folder,
+// with the lab's fault hook (build tag labfaults: see cmd/orderd).
 func buildOrderd(ctx context.Context) (string, error) {
 	dir, err := os.MkdirTemp("", "oversold-lab-")
 	if err != nil {
 		return "", err
 	}
 	bin := filepath.Join(dir, "orderd")
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/oversold-lab/oversold/cmd/orderd").CombinedOutput()
+	out, err := exec.CommandContext(ctx, "go", "build", "-tags", "labfaults", "-o", bin, "github.com/oversold-lab/oversold/cmd/orderd").CombinedOutput()
 	if err != nil {
 		os.RemoveAll(dir)
 		return "", fmt.Errorf("build orderd: %w: %s", err, strings.TrimSpace(string(out)))

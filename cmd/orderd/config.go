@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -36,7 +35,7 @@ type config struct {
 	LockWait      time.Duration
 	WorkDelay     time.Duration
 	AdminToken    string
-	FaultHook     string // lab only: see faultHookSetting
+	FaultHook     string // lab builds only: see faulthook_lab.go
 }
 
 // setting is one row of the table: a variable, its default, and how it
@@ -122,28 +121,6 @@ var settings = []setting{
 	}},
 }
 
-// faultHookSetting is the one variable outside DESIGN.md's table: for the
-// lab only, off by default. Set, the order flow calls GET on the URL, and
-// waits for the answer, at fixed points of the flow (order.HookPoint), so the
-// lab's fault can pause (SIGSTOP) or kill the replica exactly there. Never
-// set it in a deployment: whoever answers that URL can stall every order.
-var faultHookSetting = setting{"OVERSOLD_FAULT_HOOK", "", "lab only: URL the flow calls and waits for inside the critical section", func(c *config, v string) error {
-	c.FaultHook = v
-	if v == "" {
-		return nil
-	}
-	u, err := url.Parse(v)
-	if err != nil {
-		return err
-	}
-	if u.Scheme != "http" || u.Host == "" {
-		return fmt.Errorf("%q is not an http:// URL", v)
-	}
-	return nil
-}}
-
-func init() { settings = append(settings, faultHookSetting) }
-
 // flagName is the variable's flag: OVERSOLD_LOCK_TTL is lock-ttl.
 func flagName(env string) string {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(env, "OVERSOLD_")), "_", "-")
@@ -172,6 +149,9 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 			return config{}, err
 		}
 		return config{}, &configError{Var: "flags", Err: err}
+	}
+	if err := refuseLabOnly(getenv); err != nil {
+		return config{}, err
 	}
 	if fs.NArg() > 0 {
 		return config{}, &configError{Var: "flags", Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}

@@ -18,10 +18,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -69,42 +67,6 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "orderd:", strings.ReplaceAll(err.Error(), "\n", "; "))
 		os.Exit(exitCode(err))
-	}
-}
-
-// faultHookWait bounds one call of the lab's fault hook: longer than any
-// pause the lab holds a replica in it.
-const faultHookWait = 2 * time.Minute
-
-// faultHook is the order flow's lab-only hook (OVERSOLD_FAULT_HOOK): a
-// blocking GET on the lab's URL, which answers when its fault is done with
-// this replica. nil when the setting is empty, as in every deployment.
-func faultHook(hookURL, instance string, log *slog.Logger) func(context.Context, order.HookPoint, order.HookInfo) {
-	if hookURL == "" {
-		return nil
-	}
-	log.Warn("fault hook set: for the lab only", "url", hookURL)
-	client := &http.Client{Timeout: faultHookWait}
-	return func(ctx context.Context, at order.HookPoint, h order.HookInfo) {
-		q := url.Values{
-			"at": {string(at)}, "replica": {instance}, "sku": {h.SKU},
-			"key": {h.Key}, "token": {strconv.FormatUint(h.Token, 10)},
-		}
-		u := hookURL + "?" + q.Encode()
-		if strings.Contains(hookURL, "?") {
-			u = hookURL + "&" + q.Encode()
-		}
-		req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodGet, u, nil)
-		if err == nil {
-			var resp *http.Response
-			if resp, err = client.Do(req); err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}
-		if err != nil {
-			log.Warn("fault hook failed", "at", string(at), "err", err)
-		}
 	}
 }
 

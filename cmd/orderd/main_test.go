@@ -66,11 +66,13 @@ func TestUnreachableServers(t *testing.T) {
 	}
 }
 
-// orderdBinary builds the real binary into the test's temp dir.
-func orderdBinary(t *testing.T) string {
+// orderdBinary builds the real binary into the test's temp dir, with
+// the go build flags given (such as -tags labfaults).
+func orderdBinary(t *testing.T, flags ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "orderd")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	args := append(append([]string{"build"}, flags...), "-o", bin, ".")
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin

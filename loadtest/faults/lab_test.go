@@ -44,7 +44,8 @@ var (
 	orderdDir  string
 )
 
-// orderd builds cmd/orderd once for the whole test binary.
+// orderd builds cmd/orderd once for the whole test binary, with the lab's
+// fault hook (build tag labfaults), as the lab does.
 func orderd(t *testing.T) string {
 	t.Helper()
 	orderdOnce.Do(func() {
@@ -53,7 +54,7 @@ func orderd(t *testing.T) string {
 			return
 		}
 		orderdBin = filepath.Join(orderdDir, "orderd")
-		out, err := exec.Command("go", "build", "-o", orderdBin, "github.com/oversold-lab/oversold/cmd/orderd").CombinedOutput()
+		out, err := exec.Command("go", "build", "-tags", "labfaults", "-o", orderdBin, "github.com/oversold-lab/oversold/cmd/orderd").CombinedOutput()
 		if err != nil {
 			orderdErr = fmt.Errorf("build orderd: %w: %s", err, out)
 		}
