@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -140,3 +141,71 @@ func (c *Cluster) nodeDir(i int) string { return filepath.Join(c.Dir, "node"+str
 // clusterTimeout bounds a whole cluster start: its nodes start at once, and
 // a Redis Cluster then forms.
 const clusterTimeout = 2 * startTimeout
+
+// lazyCluster is a cluster one test binary starts at most once.
+type lazyCluster struct {
+	mu  sync.Mutex
+	c   *Cluster
+	err error
+	ran bool
+}
+
+var sharedClusters = map[string]*lazyCluster{KindZooKeeper: {}, KindEtcd: {}, KindRedis: {}}
+
+func sharedCluster(t testing.TB, kind string, start func(context.Context) (*Cluster, error)) *Cluster {
+	t.Helper()
+	needBinary(t, kind)
+	l := sharedClusters[kind]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.ran {
+		l.ran = true
+		// Not t.Context(): the cluster outlives this test.
+		ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+		l.c, l.err = start(ctx)
+		cancel()
+	}
+	if l.err != nil {
+		t.Fatalf("testbed: shared %s cluster: %v", kind, l.err)
+	}
+	return l.c
+}
+
+// stopSharedClusters is StopShared's part for clusters.
+func stopSharedClusters() {
+	for _, l := range sharedClusters {
+		l.mu.Lock()
+		if l.c != nil {
+			l.c.Stop()
+		}
+		l.c, l.err, l.ran = nil, nil, false
+		l.mu.Unlock()
+	}
+}
+
+// ZooKeeperEnsemble returns the client addresses of the test binary's
+// shared three-node ZooKeeper ensemble.
+func ZooKeeperEnsemble(t testing.TB) []string {
+	t.Helper()
+	return sharedCluster(t, KindZooKeeper, func(ctx context.Context) (*Cluster, error) {
+		return StartZooKeeperEnsemble(ctx, ClusterOptions{}, nil)
+	}).Addrs()
+}
+
+// EtcdCluster returns the client endpoints of the test binary's shared
+// three-member etcd cluster.
+func EtcdCluster(t testing.TB) []string {
+	t.Helper()
+	return sharedCluster(t, KindEtcd, func(ctx context.Context) (*Cluster, error) {
+		return StartEtcdCluster(ctx, ClusterOptions{})
+	}).Addrs()
+}
+
+// RedisCluster returns the addresses of the test binary's shared Redis
+// Cluster (three masters, a replica each); keep to Prefix(t) keys.
+func RedisCluster(t testing.TB) []string {
+	t.Helper()
+	return sharedCluster(t, KindRedis, func(ctx context.Context) (*Cluster, error) {
+		return StartRedisCluster(ctx, ClusterOptions{})
+	}).Addrs()
+}

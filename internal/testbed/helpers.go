@@ -49,6 +49,7 @@ func Main(m *testing.M) {
 // StopShared stops the shared servers started by the test helpers. Main
 // calls it; a TestMain that needs more control may call it itself.
 func StopShared() {
+	stopSharedClusters()
 	for _, l := range shared {
 		l.mu.Lock()
 		if l.srv != nil {

@@ -26,8 +26,13 @@ func TestMain(m *testing.M) { locktest.Main(m) }
 // election timeouts, rounded up to whole seconds).
 const ttl = 2 * time.Second
 
-func TestConformance(t *testing.T) {
-	endpoints := testbed.Etcd(t)
+func TestConformance(t *testing.T) { conformance(t, testbed.Etcd(t)) }
+
+// The same suite on a three-member cluster: leases, watches and revisions
+// as Raft serves them, from any member.
+func TestConformanceCluster(t *testing.T) { conformance(t, testbed.EtcdCluster(t)) }
+
+func conformance(t *testing.T, endpoints []string) {
 	locktest.Run(t, locktest.Backend{
 		Name:   "etcd",
 		Config: backends.Config{EtcdEndpoints: endpoints, TTL: ttl},

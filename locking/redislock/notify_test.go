@@ -23,7 +23,7 @@ func TestReleaseWakesWaiter(t *testing.T) {
 		start func(*testing.T) string
 	}{
 		{"server", func(t *testing.T) string { return testbed.Redis(t) }},
-		{"cluster", func(t *testing.T) string { return strings.Join(startCluster(t, 3), ",") }},
+		{"cluster", func(t *testing.T) string { return strings.Join(testbed.RedisCluster(t), ",") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := tc.start(t)

@@ -2,7 +2,6 @@ package redislock_test
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -110,11 +109,11 @@ func benchLocker(b *testing.B, addr string) *redislock.Locker {
 	return l
 }
 
-// The same suite on a three-master Redis Cluster: the lock key, its fence
-// counter and its channel share the hash slot of {key}, and the release
-// message reaches a subscriber on any node.
+// The same suite on a Redis Cluster of three masters with a replica each:
+// the lock key, its fence counter and its channel share the hash slot of
+// {key}, and the release message reaches a subscriber on any node.
 func TestConformanceCluster(t *testing.T) {
-	addrs := startCluster(t, 3)
+	addrs := testbed.RedisCluster(t)
 	// A client per call: a Cluster client's node clients start goroutines
 	// lazily, which the suite's leak check would count.
 	admin := func(ctx context.Context, do func(*redis.ClusterClient) error) error {
@@ -138,46 +137,4 @@ func TestConformanceCluster(t *testing.T) {
 			return n, err
 		},
 	})
-}
-
-// startCluster starts n cluster-enabled masters, splits the slots among
-// them and waits until the cluster is up.
-func startCluster(t *testing.T, n int) []string {
-	t.Helper()
-	if cmd := testbed.Missing(testbed.KindRedis); cmd != "" {
-		t.Skip(cmd)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	var addrs []string
-	var nodes []*redis.Client
-	for i := range n {
-		s, err := testbed.StartRedis(ctx, testbed.Options{Args: []string{"--cluster-enabled", "yes", "--cluster-node-timeout", "2000"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Stop() })
-		c := redis.NewClient(&redis.Options{Addr: s.Addr})
-		t.Cleanup(func() { c.Close() })
-		first, last := i*16384/n, (i+1)*16384/n-1
-		if err := c.Do(ctx, "cluster", "addslotsrange", first, last).Err(); err != nil {
-			t.Fatal(err)
-		}
-		addrs, nodes = append(addrs, s.Addr), append(nodes, c)
-	}
-	for _, a := range addrs[1:] {
-		host, port, _ := net.SplitHostPort(a)
-		if err := nodes[0].ClusterMeet(ctx, host, port).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, c := range nodes {
-		for !strings.Contains(c.ClusterInfo(ctx).Val(), "cluster_state:ok") {
-			if ctx.Err() != nil {
-				t.Fatal("the cluster did not come up")
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return addrs
 }

@@ -28,8 +28,13 @@ func TestMain(m *testing.M) { locktest.Main(m) }
 // expiry on a busy 2-core machine under -race.
 const ttl = 2 * time.Second
 
-func TestConformance(t *testing.T) {
-	servers := testbed.ZooKeeper(t)
+func TestConformance(t *testing.T) { conformance(t, testbed.ZooKeeper(t)) }
+
+// The same suite on a three-node ensemble: the holder's session, watches
+// and sequence numbers as a quorum serves them, from any of its servers.
+func TestConformanceEnsemble(t *testing.T) { conformance(t, testbed.ZooKeeperEnsemble(t)) }
+
+func conformance(t *testing.T, servers []string) {
 	locktest.Run(t, locktest.Backend{
 		Name:   "zookeeper",
 		Config: backends.Config{ZKServers: servers, TTL: ttl},
