@@ -17,9 +17,9 @@ func TestMain(m *testing.M) { testbed.Main(m) }
 
 func newCache(t *testing.T) *inventory.Cache {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t)})
+	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
-	return inventory.New(rdb, testbed.Prefix(t)+":")
+	return inventory.New(rdb, testbed.Prefix(t)+":", "db")
 }
 
 // loader counts its calls and answers item.

@@ -8,8 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/inventory"
 	"github.com/oversold-lab/oversold/locking"
@@ -57,9 +56,7 @@ func (f *fixture) service(locker order.Locker, cfg order.Config) *order.Service 
 // serviceWith lets a test wrap the store or the cache.
 func (f *fixture) serviceWith(store order.Store, wrap func(order.Cache) order.Cache, locker order.Locker, cfg order.Config) *order.Service {
 	f.t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: f.redis})
-	f.t.Cleanup(func() { rdb.Close() })
-	var cache order.Cache = inventory.New(rdb, f.prefix)
+	var cache order.Cache = f.cache()
 	if wrap != nil {
 		cache = wrap(cache)
 	}
@@ -69,10 +66,21 @@ func (f *fixture) serviceWith(store order.Store, wrap func(order.Cache) order.Ca
 	return order.New(store, cache, locker, cfg)
 }
 
+// cache is a replica's view of the stock cache, keyed as orderd keys it.
+func (f *fixture) cache() *inventory.Cache {
+	f.t.Helper()
+	rdb, err := redisconn.Open(f.redis)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { rdb.Close() })
+	return inventory.New(rdb, f.prefix, f.store.DatabaseIdentity())
+}
+
 // stock creates or resets a SKU in MySQL.
 func (f *fixture) stock(sku string, n int64) {
 	f.t.Helper()
-	if _, err := f.store.PutInventory(f.t.Context(), sku, n); err != nil {
+	if _, err := f.store.PutInventory(f.t.Context(), storage.Put{SKU: sku, Stock: n}); err != nil {
 		f.t.Fatal(err)
 	}
 }

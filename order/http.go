@@ -57,7 +57,7 @@ func (s *Service) postOrder(c echo.Context) error {
 			return s.placed(c, o, replayed)
 		}
 	}
-	_, _, outcome := classify(err)
+	_, _, _, outcome := classify(err)
 	s.metrics.orders.WithLabelValues(outcome).Inc()
 	return err // handleError answers, and logs what nobody anticipated
 }
@@ -95,8 +95,10 @@ func parseOrder(c echo.Context) (Request, error) {
 // getOrder: GET /v1/orders/{id}.
 func (s *Service) getOrder(c echo.Context) error {
 	id := c.Param("id")
-	if _, err := uuid.Parse(id); err != nil {
-		return fmt.Errorf("order %q: %w", id, storage.ErrNotFound) // cannot exist
+	// Ids are exact strings: only the canonical spelling can exist (no
+	// upper case, braces or urn: prefix that uuid.Parse would accept).
+	if u, err := uuid.Parse(id); err != nil || u.String() != id {
+		return fmt.Errorf("order %q: %w", id, storage.ErrNotFound)
 	}
 	o, err := s.store.Order(c.Request().Context(), id)
 	if err != nil {
@@ -118,8 +120,8 @@ func (s *Service) getInventory(c echo.Context) error {
 	return c.JSON(http.StatusOK, toItem(inv))
 }
 
-// putInventory: PUT /v1/inventory/{sku} {"stock"}, admin only. It creates or
-// resets the SKU (its version grows) and then refreshes the cache.
+// putInventory: PUT /v1/inventory/{sku} {"stock"}, admin only, optional
+// If-Match: <version> (a bare or quoted number). See SetStock.
 func (s *Service) putInventory(c echo.Context) error {
 	if err := s.authorize(c.Request()); err != nil {
 		return err
@@ -127,6 +129,14 @@ func (s *Service) putInventory(c echo.Context) error {
 	sku := c.Param("sku")
 	if !skuPattern.MatchString(sku) {
 		return invalid("sku must be 1 to 64 letters, digits, '-', '_' or '.'")
+	}
+	var ifVersion uint64
+	if h := c.Request().Header.Get("If-Match"); h != "" {
+		v, err := strconv.ParseUint(strings.Trim(h, `"`), 10, 64)
+		if err != nil || v == 0 {
+			return invalid("If-Match must be a version: a positive integer")
+		}
+		ifVersion = v
 	}
 	obj, err := readObject(c, "stock")
 	if err != nil {
@@ -136,17 +146,10 @@ func (s *Service) putInventory(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
-	inv, err := s.store.PutInventory(ctx, sku, stock)
+	item, err := s.SetStock(c.Request().Context(), sku, stock, ifVersion)
 	if err != nil {
 		return err
 	}
-	item := toItem(inv)
-	if err := s.cache.Set(ctx, item); err != nil {
-		// MySQL has the new stock; a retried PUT writes it again.
-		return fmt.Errorf("%w: stock set in MySQL, cache not refreshed: %w", ErrUnavailable, err)
-	}
-	s.log.Info("inventory set", "sku", sku, "stock", item.Stock, "version", item.Version)
 	return c.JSON(http.StatusOK, item)
 }
 
@@ -231,37 +234,51 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }
 
-// errorCodes maps domain errors to answers: the one place that does.
+// errorCodes maps domain errors to answers: the one place that does. The
+// message is the whole of what a client is told: what it did wrong, never
+// stock figures, addresses or driver errors (they go to the log). Only
+// invalid_request and unauthorized carry their error's own text, which
+// this package wrote about the request.
 var errorCodes = []struct {
-	err    error
-	status int
-	code   string
+	err     error
+	status  int
+	code    string
+	message string
 }{
-	{ErrInvalid, http.StatusBadRequest, "invalid_request"},
-	{ErrUnauthorized, http.StatusUnauthorized, "unauthorized"},
-	{storage.ErrUnknownSKU, http.StatusNotFound, "unknown_sku"},
-	{storage.ErrNotFound, http.StatusNotFound, "not_found"},
-	{storage.ErrOutOfStock, http.StatusConflict, "out_of_stock"},
-	{ErrLockLost, http.StatusConflict, "lock_lost"},
-	{storage.ErrConflict, http.StatusConflict, "conflict"},
-	{ErrLockTimeout, http.StatusServiceUnavailable, "lock_timeout"},
-	{ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
-	{locking.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
+	{ErrInvalid, http.StatusBadRequest, "invalid_request", ""},
+	{ErrUnauthorized, http.StatusUnauthorized, "unauthorized", ""},
+	{storage.ErrUnknownSKU, http.StatusNotFound, "unknown_sku", "no such sku"},
+	{storage.ErrNotFound, http.StatusNotFound, "not_found", "no such order"},
+	{storage.ErrOutOfStock, http.StatusConflict, "out_of_stock", "not enough stock for the quantity ordered"},
+	{ErrLockLost, http.StatusConflict, "lock_lost", "the lock was lost before the write; nothing was written"},
+	{storage.ErrConflict, http.StatusConflict, "conflict", "the stock kept changing; nothing was written, try again"},
+	{storage.ErrPrecondition, http.StatusPreconditionFailed, "precondition_failed", "If-Match is not the sku's current version"},
+	{ErrKeyReused, http.StatusUnprocessableEntity, "idempotency_key_reused", "this Idempotency-Key was sent before with another request"},
+	{ErrLockTimeout, http.StatusServiceUnavailable, "lock_timeout", "the sku's lock was not granted in time; retry later"},
+	{ErrUnavailable, http.StatusServiceUnavailable, "unavailable", "a server the service needs did not answer; retry later"},
+	{locking.ErrUnavailable, http.StatusServiceUnavailable, "unavailable", "a server the service needs did not answer; retry later"},
 }
 
-// classify returns err's answer and its outcome label. An error nobody
-// anticipated (MySQL or Redis failing mid-request, a client gone) is 503
-// unavailable to the client and outcome "error" in the metrics.
-func classify(err error) (status int, code, outcome string) {
+// unanticipated is the message of a failure nobody anticipated.
+const unanticipated = "internal failure; retry later"
+
+// classify returns err's answer, its public message and its outcome label.
+// An error nobody anticipated (MySQL or Redis failing mid-request, a client
+// gone) is 503 unavailable to the client and outcome "error" in the metrics.
+func classify(err error) (status int, code, message, outcome string) {
 	for _, c := range errorCodes {
 		if errors.Is(err, c.err) {
-			if c.code == "invalid_request" {
-				return c.status, c.code, "invalid"
+			message = c.message
+			if message == "" {
+				message = strings.TrimPrefix(err.Error(), c.err.Error()+": ")
 			}
-			return c.status, c.code, c.code
+			if c.code == "invalid_request" {
+				return c.status, c.code, message, "invalid"
+			}
+			return c.status, c.code, message, c.code
 		}
 	}
-	return http.StatusServiceUnavailable, "unavailable", "error"
+	return http.StatusServiceUnavailable, "unavailable", unanticipated, "error"
 }
 
 type apiError struct {
@@ -275,8 +292,7 @@ func (s *Service) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
-	status, code, outcome := classify(err)
-	msg := err.Error()
+	status, code, msg, outcome := classify(err)
 	var he *echo.HTTPError
 	switch {
 	case errors.As(err, &he): // echo's own: no route, wrong method
@@ -285,8 +301,9 @@ func (s *Service) handleError(err error, c echo.Context) {
 			code = "not_found"
 		}
 	case outcome == "error":
-		msg = "internal failure; see the replica's log"
 		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
+	case status >= 500:
+		s.log.Warn("request refused", "method", c.Request().Method, "path", c.Path(), "code", code, "err", err)
 	}
 	h := c.Response().Header()
 	switch status {

@@ -34,6 +34,7 @@ type Metrics struct {
 	renewalsFailed prometheus.Counter
 	leasesLost     prometheus.Counter
 	guardConflicts prometheus.Counter
+	cacheBypassed  prometheus.Counter
 }
 
 // NewMetrics registers the series of a replica running lock and guard.
@@ -74,6 +75,10 @@ func NewMetrics(replica, lock string, guard storage.Guard) *Metrics {
 			Name: "oversold_guard_conflicts_total",
 			Help: "Writes the guard refused because another writer came first (version conflicts, stale fences).",
 		}, []string{"guard"}).WithLabelValues(string(guard)),
+		cacheBypassed: f.NewCounter(prometheus.CounterOpts{
+			Name: "oversold_cache_bypassed_total",
+			Help: "Stock reads that went to MySQL because the Redis cache could not be used.",
+		}),
 	}
 	for _, o := range outcomes {
 		m.orders.WithLabelValues(o) // every outcome shows, at 0 until it happens

@@ -906,7 +906,7 @@ func (downStore) Order(context.Context, string) (storage.Order, error) {
 func (downStore) Inventory(context.Context, string) (storage.Inventory, error) {
 	return storage.Inventory{}, errDown
 }
-func (downStore) PutInventory(context.Context, string, int64) (storage.Inventory, error) {
+func (downStore) PutInventory(context.Context, storage.Put) (storage.Inventory, error) {
 	return storage.Inventory{}, errDown
 }
 

@@ -24,8 +24,11 @@
 //   - A failure nobody anticipated (MySQL or Redis failing mid-request) is
 //     503 unavailable with Retry-After, never a 500: retrying with the same
 //     Idempotency-Key is safe. Its metrics outcome is "error".
-//   - An Idempotency-Key is at most 255 printable ASCII characters. A
-//     replayed key returns the first order, whatever the new body says.
+//   - An Idempotency-Key is at most 255 printable ASCII characters, an exact
+//     byte string like SKUs and ids (docs/design.md, "Identity"). Replayed
+//     with the same body it returns the first order; with another, 422.
+//   - Error messages say what the client did wrong and nothing else: no
+//     stock figures, addresses or driver messages (those go to the log).
 package order
 
 import (
@@ -71,7 +74,7 @@ type Store interface {
 	Order(ctx context.Context, id string) (storage.Order, error)
 	OrderByKey(ctx context.Context, key string) (storage.Order, error)
 	Inventory(ctx context.Context, sku string) (storage.Inventory, error)
-	PutInventory(ctx context.Context, sku string, stock int64) (storage.Inventory, error)
+	PutInventory(ctx context.Context, p storage.Put) (storage.Inventory, error)
 	Ping(ctx context.Context) error
 
 	// The replicas table, for the mixed-settings check of /readyz.
@@ -86,6 +89,10 @@ type Cache interface {
 	Get(ctx context.Context, sku string, load func(context.Context) (inventory.Item, error)) (inventory.Item, error)
 	// Set caches item unless the cache holds its version or a newer one.
 	Set(ctx context.Context, item inventory.Item) error
+	// Settle caches item, known to be MySQL's latest: a newer entry goes.
+	Settle(ctx context.Context, item inventory.Item) error
+	// Force caches item whatever the cache holds.
+	Force(ctx context.Context, item inventory.Item) error
 	Ping(ctx context.Context) error
 }
 
@@ -107,6 +114,9 @@ var (
 	ErrLockTimeout = errors.New("lock wait timed out")
 	// ErrUnavailable: a dependency (lock service, MySQL, Redis) failed.
 	ErrUnavailable = errors.New("unavailable")
+	// ErrKeyReused: an Idempotency-Key sent again with another body
+	// (422 idempotency_key_reused); nothing was changed.
+	ErrKeyReused = errors.New("idempotency key reused with another request")
 )
 
 func toItem(inv storage.Inventory) inventory.Item {

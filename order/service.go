@@ -1,6 +1,7 @@
 package order
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -9,9 +10,11 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/oversold-lab/oversold/inventory"
 	"github.com/oversold-lab/oversold/locking"
@@ -30,6 +33,15 @@ const (
 	// afterCommitTimeout bounds steps 7 and 8, which run on a context of
 	// their own (see afterCommit).
 	afterCommitTimeout = 5 * time.Second
+	// writeTimeout bounds step 6, which runs on a context that outlives
+	// the client's: a commit is never cut short because a client or a
+	// balancer gave up waiting, and its outcome is known before we answer.
+	writeTimeout = 10 * time.Second
+	// loadTimeout bounds a MySQL read shared by several requests.
+	loadTimeout = 5 * time.Second
+	// maxKnownSKUs caps the SKUs a replica remembers to exist; past it,
+	// the existence check before the lock reads MySQL each time.
+	maxKnownSKUs = 100_000
 )
 
 // Config is one replica's settings.
@@ -97,6 +109,9 @@ type Service struct {
 	admin   [sha256.Size]byte // hash of the admin token, for a constant-time compare
 	handler http.Handler
 
+	loads singleflight.Group // concurrent reads of one SKU share one query
+	skus  knownSKUs          // SKUs seen in MySQL: they are never deleted
+
 	stopOnce  sync.Once
 	stop      chan struct{} // ends the heartbeat
 	heartbeat sync.WaitGroup
@@ -159,7 +174,7 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 	if req.Key != "" {
 		prev, err := s.store.OrderByKey(ctx, req.Key)
 		if err == nil {
-			return fromStorage(prev), true, nil
+			return replay(prev, req)
 		}
 		if !errors.Is(err, storage.ErrNotFound) {
 			return Order{}, false, err
@@ -169,6 +184,11 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 	// 2. lock
 	var lease locking.Lease
 	if s.locker != nil {
+		// No lock, and no lock state on any server, for a SKU that does
+		// not exist: random SKUs must not grow Redis keys or lock rows.
+		if err := s.exists(ctx, req.SKU); err != nil {
+			return Order{}, false, err
+		}
 		var err error
 		if lease, err = s.acquire(ctx, req.SKU); err != nil {
 			return Order{}, false, err
@@ -180,14 +200,20 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 	}
 
 	// 3. stock from the cache
-	item, err := s.cache.Get(ctx, req.SKU, s.load(req.SKU))
+	item, err := s.stock(ctx, req.SKU, lease)
 	if err != nil {
 		return Order{}, false, err
 	}
 
-	// 4. enough?
+	// 4. enough? A cache entry that says no is confirmed by MySQL: stock
+	// added there outside PUT must be sold.
 	if item.Stock < req.Quantity {
-		return Order{}, false, fmt.Errorf("%q has %d, ordered %d: %w", req.SKU, item.Stock, req.Quantity, storage.ErrOutOfStock)
+		if item, err = s.confirm(ctx, req.SKU, lease); err != nil {
+			return Order{}, false, err
+		}
+		if item.Stock < req.Quantity {
+			return Order{}, false, fmt.Errorf("%q: %w", req.SKU, storage.ErrOutOfStock)
+		}
 	}
 
 	s.hook(ctx, HookAfterRead, req, lease)
@@ -208,32 +234,37 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 	}
 	s.hook(ctx, HookBeforeWrite, req, lease)
 
-	// 6. the guarded write and the order, in one transaction
-	placed, inv, err := s.write(ctx, req, item, lease)
+	// 6. the guarded write and the order, in one transaction, on a context
+	// the client cannot cancel: its outcome is settled before we answer.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	o := s.newOrder(req, lease)
+	inv, err := s.write(wctx, o, item, lease)
 	if err != nil {
-		return s.refused(ctx, req, err)
+		return s.refused(wctx, req, o, lease, err)
 	}
 	s.hook(ctx, HookBeforeCache, req, lease)
 
 	// 7. the cache takes the new stock. The order is committed whatever
 	// happens here: a failure leaves an older entry, which the version
 	// guard refuses and refreshes.
-	cctx, cancel := afterCommit(ctx)
-	defer cancel()
-	if err := s.cache.Set(cctx, toItem(inv)); err != nil {
-		s.log.Warn("cache update after commit failed", "sku", req.SKU, "order_id", placed.ID, "err", err)
-	}
+	s.cacheWrite(wctx, toItem(inv), lease)
 	s.hook(ctx, HookAfterCommit, req, lease)
-	return fromStorage(placed), false, nil
+	return fromStorage(o), false, nil
 }
 
-// write is step 6: the guarded write and the order in one transaction. The
-// lease was checked once before it (placeOnce); there is no second check.
-func (s *Service) write(ctx context.Context, req Request, seen inventory.Item, lease locking.Lease) (storage.Order, storage.Inventory, error) {
-	var token uint64
-	if lease != nil {
-		token = lease.Token()
+// replay answers a request whose key names an order placed earlier: that
+// order, if the request asks for the same thing, else ErrKeyReused.
+func replay(prev storage.Order, req Request) (Order, bool, error) {
+	if !bytes.Equal(prev.Fingerprint, storage.OrderFingerprint(req.SKU, req.Quantity)) {
+		return Order{}, false, fmt.Errorf("key names order %s: %w", prev.ID, ErrKeyReused)
 	}
+	return fromStorage(prev), true, nil
+}
+
+// newOrder is the row step 6 inserts, its id chosen before the write so
+// that a write of unknown outcome can be looked up.
+func (s *Service) newOrder(req Request, lease locking.Lease) storage.Order {
 	o := storage.Order{
 		ID:        uuid.Must(uuid.NewV7()).String(),
 		SKU:       req.SKU,
@@ -241,33 +272,46 @@ func (s *Service) write(ctx context.Context, req Request, seen inventory.Item, l
 		Status:    storage.StatusConfirmed,
 		Instance:  s.cfg.Instance,
 		Lock:      s.cfg.Lock,
-		Token:     token,
 		CreatedAt: time.Now().UTC().Truncate(time.Microsecond), // what MySQL keeps
+	}
+	if lease != nil {
+		o.Token = lease.Token()
 	}
 	if req.Key != "" {
 		o.IdempotencyKey = &req.Key
+		o.Fingerprint = storage.OrderFingerprint(req.SKU, req.Quantity)
 	}
-	w := storage.Write{Guard: s.cfg.Guard, Order: o, Stock: seen.Stock, Version: seen.Version, Token: token}
-	inv, err := s.store.PlaceOrder(ctx, w, func() error {
+	return o
+}
+
+// write is step 6: the guarded write and the order in one transaction. The
+// lease was checked once before it (placeOnce); there is no second check.
+func (s *Service) write(ctx context.Context, o storage.Order, seen inventory.Item, lease locking.Lease) (storage.Inventory, error) {
+	req := Request{SKU: o.SKU, Quantity: o.Quantity}
+	if o.IdempotencyKey != nil {
+		req.Key = *o.IdempotencyKey
+	}
+	w := storage.Write{Guard: s.cfg.Guard, Order: o, Stock: seen.Stock, Version: seen.Version, Token: o.Token}
+	return s.store.PlaceOrder(ctx, w, func() error {
 		s.hook(ctx, HookBeforeCommit, req, lease)
 		return nil
 	})
-	return o, inv, err
 }
 
-// refused handles a failed step 6. Nothing was written.
-func (s *Service) refused(ctx context.Context, req Request, err error) (Order, bool, error) {
+// refused handles a failed step 6: nothing was written, or (an error no
+// guard explains) we do not know yet.
+func (s *Service) refused(ctx context.Context, req Request, o storage.Order, lease locking.Lease, err error) (Order, bool, error) {
 	switch {
 	case errors.Is(err, storage.ErrConflict):
 		// Our read was stale: refresh the cache from MySQL so the retry
 		// (after the release) starts from the truth.
 		s.metrics.guardConflicts.Inc()
-		s.refresh(ctx, req.SKU)
+		s.refresh(ctx, req.SKU, lease)
 	case errors.Is(err, storage.ErrStaleFence):
 		s.metrics.guardConflicts.Inc()
 		err = fmt.Errorf("%w: %w", ErrLockLost, err)
 	case errors.Is(err, storage.ErrOutOfStock):
-		s.refresh(ctx, req.SKU) // atomic guard: the cache was behind
+		s.refresh(ctx, req.SKU, lease) // atomic guard: the cache was behind
 	case errors.Is(err, storage.ErrDuplicate):
 		// A concurrent request with the same key committed first; the
 		// UNIQUE index rolled ours back, stock write included.
@@ -275,17 +319,20 @@ func (s *Service) refused(ctx context.Context, req Request, err error) (Order, b
 		if err != nil {
 			return Order{}, false, err
 		}
-		return fromStorage(prev), true, nil
+		return replay(prev, req)
 	case errors.Is(err, ErrLockLost), errors.Is(err, storage.ErrUnknownSKU):
 		// Nothing reached MySQL, or there is nothing to cache.
 	default:
-		// The write's outcome is unknown: a connection lost during the
-		// transaction may have committed it. The cache entry must not outlive
-		// that doubt, or the next holder trusts a stale stock; the lock is
+		// The write's outcome is unknown: a connection lost during COMMIT
+		// may have committed it. MySQL decides: the order's id was chosen
+		// before the write. Either way the cache entry must not outlive
+		// the doubt, or the next holder trusts a stale stock; the lock is
 		// still ours, so the refresh reads what the next holder will see.
-		rctx, cancel := afterCommit(ctx)
-		defer cancel()
-		s.refresh(rctx, req.SKU)
+		s.refresh(ctx, req.SKU, lease)
+		if placed, lerr := s.store.Order(ctx, o.ID); lerr == nil {
+			s.log.Warn("write reported failed but committed", "sku", req.SKU, "order_id", o.ID, "err", err)
+			return fromStorage(placed), false, nil
+		}
 	}
 	return Order{}, false, err
 }
@@ -396,19 +443,119 @@ func afterCommit(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), afterCommitTimeout)
 }
 
-// load reads a SKU's stock from MySQL for the cache.
-func (s *Service) load(sku string) func(context.Context) (inventory.Item, error) {
-	return func(ctx context.Context) (inventory.Item, error) {
-		inv, err := s.store.Inventory(ctx, sku)
+// stock is step 3: the SKU's stock from the cache, or from MySQL when the
+// cache cannot be used and the guard does not need it. The version and
+// atomic guards check in MySQL what they read, so MySQL's own row serves
+// as well. The none and fencing guards trust the read: a replica that
+// sells while it cannot update the cache would leave the other replicas
+// an entry behind MySQL, so they refuse (503) until Redis is back.
+func (s *Service) stock(ctx context.Context, sku string, lease locking.Lease) (inventory.Item, error) {
+	item, err := s.cache.Get(ctx, sku, s.loader(sku, lease))
+	if !errors.Is(err, inventory.ErrDown) {
+		return item, err
+	}
+	if s.cfg.Guard == storage.GuardNone || s.cfg.Guard == storage.GuardFencing {
+		return inventory.Item{}, fmt.Errorf("%w: guard %s needs the stock cache: %w", ErrUnavailable, s.cfg.Guard, err)
+	}
+	s.metrics.cacheBypassed.Inc()
+	return s.loader(sku, lease)(ctx)
+}
+
+// confirm reads the SKU's stock from MySQL when the cache said there was
+// not enough, and puts it in the cache.
+func (s *Service) confirm(ctx context.Context, sku string, lease locking.Lease) (inventory.Item, error) {
+	item, err := s.loader(sku, lease)(ctx)
+	if err != nil {
+		return inventory.Item{}, err
+	}
+	s.cacheWrite(ctx, item, lease)
+	return item, nil
+}
+
+// loader reads a SKU's stock from MySQL. Without a lease, concurrent reads
+// of one SKU in this replica share one query (a hot SKU's misses would
+// otherwise all reach MySQL at once). A lease holder reads alone: a shared
+// query may have started before the previous holder's commit.
+func (s *Service) loader(sku string, lease locking.Lease) func(context.Context) (inventory.Item, error) {
+	if lease != nil {
+		return func(ctx context.Context) (inventory.Item, error) {
+			inv, err := s.store.Inventory(ctx, sku)
+			return toItem(inv), err
+		}
+	}
+	return func(ctx context.Context) (inventory.Item, error) { return s.shared(ctx, sku) }
+}
+
+// shared is one MySQL read of the SKU for every concurrent caller. It runs
+// on a context of its own, so a caller that leaves does not fail the rest.
+func (s *Service) shared(ctx context.Context, sku string) (inventory.Item, error) {
+	ch := s.loads.DoChan(sku, func() (any, error) {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), loadTimeout)
+		defer cancel()
+		inv, err := s.store.Inventory(lctx, sku)
 		return toItem(inv), err
+	})
+	select {
+	case r := <-ch:
+		item, _ := r.Val.(inventory.Item)
+		return item, r.Err
+	case <-ctx.Done():
+		return inventory.Item{}, ctx.Err()
 	}
 }
 
-// refresh puts MySQL's stock and version in the cache.
-func (s *Service) refresh(ctx context.Context, sku string) {
-	item, err := s.load(sku)(ctx)
+// exists checks that the SKU is in MySQL, once per SKU and replica: SKUs
+// are never deleted.
+func (s *Service) exists(ctx context.Context, sku string) error {
+	if s.skus.has(sku) {
+		return nil
+	}
+	if _, err := s.shared(ctx, sku); err != nil {
+		return err
+	}
+	s.skus.add(sku)
+	return nil
+}
+
+// knownSKUs is a set of SKUs seen in MySQL, capped at maxKnownSKUs.
+type knownSKUs struct {
+	m sync.Map
+	n atomic.Int64
+}
+
+func (k *knownSKUs) has(sku string) bool { _, ok := k.m.Load(sku); return ok }
+
+func (k *knownSKUs) add(sku string) {
+	if k.n.Load() >= maxKnownSKUs {
+		return
+	}
+	if _, loaded := k.m.LoadOrStore(sku, struct{}{}); !loaded {
+		k.n.Add(1)
+	}
+}
+
+// cacheWrite puts MySQL's stock and version in the cache. A lease holder
+// knows item to be the latest (it holds the SKU), so a newer entry is
+// stale and goes (Settle); without a lease, writers race and the newest
+// wins (Set). A failure is logged: MySQL has the truth, and the entry
+// expires.
+func (s *Service) cacheWrite(ctx context.Context, item inventory.Item, lease locking.Lease) {
+	write := s.cache.Set
+	if lease != nil {
+		write = s.cache.Settle
+	}
+	if err := write(ctx, item); err != nil {
+		s.log.Warn("cache write failed", "sku", item.SKU, "version", item.Version, "err", err)
+	}
+}
+
+// refresh puts MySQL's stock and version in the cache after a refused or
+// doubtful write: what MySQL holds now is the latest, so a newer entry
+// goes (a restored database's, or a race's: a miss is always safe).
+func (s *Service) refresh(ctx context.Context, sku string, lease locking.Lease) {
+	item, err := s.loader(sku, lease)(ctx)
 	if err == nil {
-		err = s.cache.Set(ctx, item)
+		err = s.cache.Settle(ctx, item)
 	}
 	if err != nil {
 		s.log.Warn("cache refresh failed", "sku", sku, "err", err)

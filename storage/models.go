@@ -9,7 +9,7 @@ import (
 // the guard, so the cache can tell a newer entry from an older one. Fence is
 // the highest fencing token that wrote the row (fencing guard only).
 type Inventory struct {
-	SKU       string    `gorm:"column:sku;type:varchar(64);primaryKey"`
+	SKU       string    `gorm:"column:sku;type:varbinary(64);primaryKey"`
 	Stock     int64     `gorm:"not null"`
 	Version   uint64    `gorm:"not null"`
 	Fence     uint64    `gorm:"not null"`
@@ -26,21 +26,39 @@ const StatusConfirmed = "confirmed"
 
 // Order is one placed order. IdempotencyKey is NULL when the client sent
 // none; the UNIQUE index on it is what makes two concurrent requests with
-// one key create one order.
+// one key create one order. Fingerprint is what the request under that key
+// asked for (see OrderFingerprint): a key reused with another body is
+// refused by comparing it.
+//
+// The SKU, the key and the id are VARBINARY: exact byte strings, as in the
+// cache and the lock keys (docs/design.md, "Identity"). A case-insensitive
+// or PAD SPACE collation would take "SKU-1" and "sku-1", or "k" and "k ",
+// for one row while the locks take them for two.
 type Order struct {
-	ID             string    `gorm:"type:char(36);primaryKey"` // UUIDv7: ordered by time
-	SKU            string    `gorm:"column:sku;type:varchar(64);not null;index"`
+	ID             string    `gorm:"type:varbinary(36);primaryKey"` // UUIDv7: ordered by time
+	SKU            string    `gorm:"column:sku;type:varbinary(64);not null;index"`
 	Quantity       int64     `gorm:"not null"`
 	Status         string    `gorm:"type:varchar(16);not null"`
 	Instance       string    `gorm:"type:varchar(255);not null"` // the replica that placed it
 	Lock           string    `gorm:"type:varchar(16);not null"`  // the lock backend it ran under
 	Token          uint64    `gorm:"not null"`                   // the lease's fencing token; 0 = none
-	IdempotencyKey *string   `gorm:"type:varchar(255);uniqueIndex"`
+	IdempotencyKey *string   `gorm:"type:varbinary(255);uniqueIndex"`
+	Fingerprint    []byte    `gorm:"type:varbinary(32)"` // set with IdempotencyKey
 	CreatedAt      time.Time `gorm:"type:datetime(6);not null"`
 }
 
 // TableName fixes the table's name: the lab and outside tools read it.
 func (Order) TableName() string { return "orders" }
+
+// Meta holds facts about the database itself, one row each: the identity
+// written at its first migration (DatabaseIdentity) is the only one so far.
+type Meta struct {
+	Name  string `gorm:"type:varbinary(64);primaryKey"`
+	Value string `gorm:"type:varbinary(255);not null"`
+}
+
+// TableName fixes the table's name.
+func (Meta) TableName() string { return "meta" }
 
 // Replica is one running orderd, as it announced itself. Replicas behind
 // one balancer must agree on lock and guard; this table lets each check.

@@ -2,12 +2,34 @@ package storage
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 )
+
+// Fingerprint is the digest of what a request sent under an idempotency key
+// asked for: its kind, then each field, one per line (no field holds a
+// newline). A key replayed with another fingerprint is a reused key.
+func Fingerprint(kind string, fields ...string) []byte {
+	h := sha256.New()
+	h.Write([]byte(kind))
+	for _, f := range fields {
+		h.Write([]byte{'\n'})
+		h.Write([]byte(f))
+	}
+	return h.Sum(nil)
+}
+
+// OrderFingerprint is an order request's Fingerprint. Open computes the
+// same digest in SQL for orders placed before fingerprints were kept.
+func OrderFingerprint(sku string, quantity int64) []byte {
+	return Fingerprint("order", sku, strconv.FormatInt(quantity, 10))
+}
 
 // Write is one order's guarded stock write: the order to insert, and what
 // the caller read and holds, which the guard checks.
@@ -208,23 +230,58 @@ func (s *Store) Inventory(ctx context.Context, sku string) (Inventory, error) {
 	return inv, err
 }
 
-// PutInventory creates the SKU with stock, or resets its stock, bumping the
-// version either way so the cache takes the new entry. The fence is kept:
-// fencing tokens only grow.
-func (s *Store) PutInventory(ctx context.Context, sku string, stock int64) (Inventory, error) {
+// Put is an admin's stock reset of one SKU (PUT /v1/inventory/{sku}).
+type Put struct {
+	SKU   string
+	Stock int64
+	// IfVersion, when not 0, is the version the admin read: the reset is
+	// refused with ErrPrecondition if the row has another (or none).
+	IfVersion uint64
+	// Token is the fencing token of the SKU's lease the reset is made
+	// under (0: none). A token not above the row's fence is a lease a
+	// newer holder has written past: ErrStaleFence. The row's fence
+	// becomes Token, so an older holder's write after the reset is refused.
+	Token uint64
+}
+
+// PutInventory creates the SKU with p.Stock, or resets its stock, bumping
+// the version either way so that every write read before it is refused by
+// the version guard, and the cache takes the new entry. Fences only grow.
+func (s *Store) PutInventory(ctx context.Context, p Put) (Inventory, error) {
 	var inv Inventory
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		err := tx.Exec(`INSERT INTO inventory (sku, stock, version, fence, created_at, updated_at)
-			VALUES (?, ?, 1, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
-			ON DUPLICATE KEY UPDATE stock = VALUES(stock), version = version + 1, updated_at = VALUES(updated_at)`,
-			sku, stock).Error
+		var cur Inventory
+		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&cur, "sku = ?", p.SKU).Error
+		switch {
+		case errors.Is(err, gorm.ErrRecordNotFound):
+			if p.IfVersion != 0 {
+				return ErrPrecondition
+			}
+			// Two creators at once: the second one's INSERT waits for the
+			// first's row and then updates it, as a reset would.
+			err = tx.Exec(`INSERT INTO inventory (sku, stock, version, fence, created_at, updated_at)
+				VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
+				ON DUPLICATE KEY UPDATE stock = VALUES(stock), version = version + 1,
+					fence = GREATEST(fence, VALUES(fence)), updated_at = VALUES(updated_at)`,
+				p.SKU, p.Stock, p.Token).Error
+		case err != nil:
+			return err
+		case p.IfVersion != 0 && cur.Version != p.IfVersion:
+			return ErrPrecondition
+		case p.Token != 0 && p.Token <= cur.Fence:
+			return ErrStaleFence
+		default:
+			err = tx.Exec(`UPDATE inventory SET stock = ?, version = version + 1,
+				fence = GREATEST(fence, ?), updated_at = UTC_TIMESTAMP(6) WHERE sku = ?`,
+				p.Stock, p.Token, p.SKU).Error
+		}
 		if err != nil {
 			return err
 		}
-		return tx.Take(&inv, "sku = ?", sku).Error
+		return tx.Take(&inv, "sku = ?", p.SKU).Error
 	})
 	if err != nil {
-		return Inventory{}, fmt.Errorf("put inventory %q: %w", sku, err)
+		return Inventory{}, fmt.Errorf("put inventory %q: %w", p.SKU, err)
 	}
 	return inv, nil
 }

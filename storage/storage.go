@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/google/uuid"
 	gormmysql "gorm.io/driver/mysql"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -38,6 +39,8 @@ var (
 	// ErrDuplicate: an order with the same idempotency key exists; the
 	// transaction was rolled back, stock write included.
 	ErrDuplicate = errors.New("storage: duplicate idempotency key")
+	// ErrPrecondition: PutInventory's IfVersion is not the row's version.
+	ErrPrecondition = errors.New("storage: version precondition failed")
 )
 
 // MySQL error numbers the store acts on.
@@ -61,8 +64,9 @@ const migrateLock = "oversold_migrate"
 
 // Store is the MySQL side of oversold. It is safe for concurrent use.
 type Store struct {
-	db  *gorm.DB
-	sql *sql.DB
+	db       *gorm.DB
+	sql      *sql.DB
+	identity string // see DatabaseIdentity
 }
 
 // Open connects to the database in dsn (creating the database if the server
@@ -156,7 +160,67 @@ func (s *Store) migrate(ctx context.Context) error {
 		return fmt.Errorf("another replica held the %s lock for 30s", migrateLock)
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", migrateLock)
-	return s.db.WithContext(ctx).AutoMigrate(&Inventory{}, &Order{}, &Replica{})
+	db := s.db.WithContext(ctx)
+	if err := db.AutoMigrate(&Inventory{}, &Order{}, &Replica{}, &Meta{}); err != nil {
+		return err
+	}
+	// Tables made before identities were exact strings: AutoMigrate does
+	// not change a column's collation, so the columns are changed here.
+	if err := binaryColumns(ctx, db); err != nil {
+		return err
+	}
+	// Orders placed under a key before fingerprints were kept get theirs
+	// (the same digest as OrderFingerprint, computed by MySQL).
+	err = db.Exec(`UPDATE orders SET fingerprint = UNHEX(SHA2(CONCAT('order', CHAR(10), sku, CHAR(10), quantity), 256))
+		WHERE fingerprint IS NULL AND idempotency_key IS NOT NULL`).Error
+	if err != nil {
+		return err
+	}
+	// The first migration of a database names it for good.
+	err = db.Exec("INSERT IGNORE INTO meta (name, value) VALUES (?, ?)", identityName, uuid.NewString()).Error
+	if err != nil {
+		return err
+	}
+	return db.Raw("SELECT value FROM meta WHERE name = ?", identityName).Row().Scan(&s.identity)
+}
+
+// identityName is the meta row of DatabaseIdentity.
+const identityName = "database_identity"
+
+// DatabaseIdentity is a random name written at the database's first
+// migration and never changed: a dropped and recreated database, or another
+// deployment's, has another. The stock cache keeps its entries under it, so
+// that entries of one database are never taken for another's.
+func (s *Store) DatabaseIdentity() string { return s.identity }
+
+// exactColumns are the columns that hold a client's identity strings, with
+// their types.
+var exactColumns = []struct{ table, column, typ string }{
+	{"inventory", "sku", "VARBINARY(64) NOT NULL"},
+	{"orders", "id", "VARBINARY(36) NOT NULL"},
+	{"orders", "sku", "VARBINARY(64) NOT NULL"},
+	{"orders", "idempotency_key", "VARBINARY(255) NULL"},
+}
+
+// binaryColumns changes the exactColumns that are not VARBINARY yet. Case
+// variants cannot already collide in them: the old collation's UNIQUE and
+// PRIMARY indexes kept one of each, and binary comparison only splits rows.
+func binaryColumns(ctx context.Context, db *gorm.DB) error {
+	for _, c := range exactColumns {
+		var typ string
+		err := db.Raw(`SELECT DATA_TYPE FROM information_schema.COLUMNS
+			WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?`, c.table, c.column).Row().Scan(&typ)
+		if err != nil {
+			return fmt.Errorf("column %s.%s: %w", c.table, c.column, err)
+		}
+		if strings.EqualFold(typ, "varbinary") {
+			continue
+		}
+		if err := db.Exec(fmt.Sprintf("ALTER TABLE `%s` MODIFY `%s` %s", c.table, c.column, c.typ)).Error; err != nil {
+			return fmt.Errorf("column %s.%s to %s: %w", c.table, c.column, c.typ, err)
+		}
+	}
+	return nil
 }
 
 // Close closes the connection pool.

@@ -41,7 +41,7 @@ func newOrder(sku string, q int64, key string) storage.Order {
 // put creates sku with stock and returns its row.
 func put(t *testing.T, s *storage.Store, sku string, stock int64) storage.Inventory {
 	t.Helper()
-	inv, err := s.PutInventory(t.Context(), sku, stock)
+	inv, err := s.PutInventory(t.Context(), storage.Put{SKU: sku, Stock: stock})
 	if err != nil {
 		t.Fatal(err)
 	}

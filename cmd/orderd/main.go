@@ -134,9 +134,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer locker.Close()
 	}
 
-	// The cache's keys carry the database's name: deployments on one Redis
-	// with their own databases must not share entries.
-	cache := inventory.New(rdb, "oversold:"+cfg.Database+":")
+	// The cache's keys carry the database's identity: a recreated database,
+	// or another deployment's on the same Redis, never meets these entries.
+	cache := inventory.New(rdb, "oversold:", store.DatabaseIdentity())
 	svc := order.New(store, cache, locker, order.Config{
 		Instance:   cfg.Instance,
 		Lock:       cfg.Lock,

@@ -1,0 +1,57 @@
+package order
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/oversold-lab/oversold/inventory"
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// SetStock is an admin's reset of a SKU's sellable stock (PUT
+// /v1/inventory/{sku}), creating the SKU if needed. It runs under the SKU's
+// lock like an order, so no order's read-then-write straddles it; the
+// write bumps the version (an order that read before it is refused by the
+// version guard) and raises the fence to the lease's token (a holder older
+// than the reset is refused by the fencing guard). ifVersion, when not 0,
+// must be the SKU's current version, else storage.ErrPrecondition. The
+// cache entry is overwritten, whatever version it claims.
+func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersion uint64) (inventory.Item, error) {
+	put := storage.Put{SKU: sku, Stock: stock, IfVersion: ifVersion}
+	var lease locking.Lease
+	if s.locker != nil {
+		var err error
+		if lease, err = s.acquire(ctx, sku); err != nil {
+			return inventory.Item{}, err
+		}
+		defer s.release(ctx, lease, s.hold(lease))
+		if lost(lease) {
+			return inventory.Item{}, fmt.Errorf("%w before the reset", ErrLockLost)
+		}
+		put.Token = lease.Token()
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	inv, err := s.store.PutInventory(wctx, put)
+	if err != nil {
+		switch {
+		case errors.Is(err, storage.ErrStaleFence):
+			err = fmt.Errorf("%w: %w", ErrLockLost, err)
+		case errors.Is(err, storage.ErrPrecondition):
+		default: // the outcome is unknown: the entry must not outlive the doubt
+			s.refresh(wctx, sku, lease)
+		}
+		return inventory.Item{}, err
+	}
+	s.skus.add(sku)
+	item := toItem(inv)
+	if err := s.cache.Force(wctx, item); err != nil {
+		// MySQL has the new stock; the old entry expires, and a retried
+		// PUT writes both again.
+		return inventory.Item{}, fmt.Errorf("%w: stock set in MySQL, cache not overwritten: %w", ErrUnavailable, err)
+	}
+	s.log.Info("inventory set", "sku", sku, "stock", item.Stock, "version", item.Version)
+	return item, nil
+}
