@@ -936,12 +936,12 @@ func TestOpenAPIStatuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lease.Release(context.Background()) })
-	timeout := f.service(held, order.Config{Lock: "local", LockWait: 50 * time.Millisecond}).Handler()
+	timeout := f.service(held, order.Config{Lock: "local", LockWait: 50 * time.Millisecond, AdminToken: adminToken}).Handler()
 
 	gone := make(chan struct{})
 	close(gone)
 	f.stock("lost", 5)
-	lost := f.service(lostLocker{local.New(), gone}, order.Config{Lock: "local"}).Handler()
+	lost := f.service(lostLocker{local.New(), gone}, order.Config{Lock: "local", AdminToken: adminToken}).Handler()
 
 	f.stock("stale", 5)
 	stale := f.serviceWith(f.openStore(), func(c order.Cache) order.Cache { return staleCache{c} }, local.New(), order.Config{Lock: "local"}).Handler()
@@ -978,6 +978,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 		{name: "text/plain order", h: h, method: "POST", path: "/v1/orders", body: order1, header: []string{"Content-Type", "text/plain"}, status: 400, code: "invalid_request", refused: true},
 		{name: "256-byte key", h: h, method: "POST", path: "/v1/orders", body: order1, header: []string{"Idempotency-Key", strings.Repeat("k", 256)}, status: 400, code: "invalid_request", refused: true},
 		{name: "unknown sku", h: h, method: "POST", path: "/v1/orders", body: `{"sku":"nope","quantity":1}`, status: 404, code: "unknown_sku"},
+		{name: "reused key", h: h, method: "POST", path: "/v1/orders", body: `{"sku":"widget","quantity":2}`, header: []string{"Idempotency-Key", "k-1"}, status: 422, code: "idempotency_key_reused"},
 		{name: "lock lost", h: lost, method: "POST", path: "/v1/orders", body: `{"sku":"lost","quantity":1}`, status: 409, code: "lock_lost"},
 		{name: "version conflict", h: stale, method: "POST", path: "/v1/orders", body: `{"sku":"stale","quantity":1}`, status: 409, code: "conflict"},
 		{name: "lock timeout", h: timeout, method: "POST", path: "/v1/orders", body: `{"sku":"held","quantity":1}`, status: 503, code: "lock_timeout"},
@@ -1001,6 +1002,10 @@ func TestOpenAPIStatuses(t *testing.T) {
 		{name: "PUT stock over 1e9", h: h, method: "PUT", path: "/v1/inventory/widget", body: `{"stock":1000000001}`, header: auth, status: 400, code: "invalid_request", refused: true},
 		{name: "PUT unknown field", h: h, method: "PUT", path: "/v1/inventory/widget", body: `{"stock":5,"version":9}`, header: auth, status: 400, code: "invalid_request", refused: true},
 		{name: "PUT SQL-like sku", h: h, method: "PUT", path: "/v1/inventory/x'%20OR%201=1--", body: `{"stock":5}`, header: auth, status: 400, code: "invalid_request", refused: true},
+		{name: "PUT if another version", h: h, method: "PUT", path: "/v1/inventory/widget", body: `{"stock":5}`, header: append([]string{"If-Match", `"999"`}, auth...), status: 412, code: "precondition_failed"},
+		{name: "PUT if-match not a version", h: h, method: "PUT", path: "/v1/inventory/widget", body: `{"stock":5}`, header: append([]string{"If-Match", "*"}, auth...), status: 400, code: "invalid_request", refused: true},
+		{name: "PUT, lock lost", h: lost, method: "PUT", path: "/v1/inventory/lost", body: `{"stock":50}`, header: auth, status: 409, code: "lock_lost"},
+		{name: "PUT, lock timeout", h: timeout, method: "PUT", path: "/v1/inventory/held", body: `{"stock":50}`, header: auth, status: 503, code: "lock_timeout"},
 		{name: "PUT, MySQL down", h: mysqlDown, method: "PUT", path: "/v1/inventory/widget", body: `{"stock":5}`, header: auth, status: 503, code: "unavailable"},
 
 		{name: "healthz", h: h, method: "GET", path: "/healthz", status: 200},

@@ -70,34 +70,51 @@ func (s *Service) replica() storage.Replica {
 	return storage.Replica{Instance: s.cfg.Instance, Lock: s.cfg.Lock, Guard: string(s.cfg.Guard)}
 }
 
-// readyz: GET /readyz. 200 when MySQL, Redis and the lock backend answer and
-// no live replica of the database runs other settings; else 503 naming
-// every failure.
+// readyz: GET /readyz. 200 when MySQL and the lock backend answer and no
+// live replica of the database runs other settings, with "cache":
+// "degraded" when Redis does not answer (orders then read MySQL); else 503
+// naming every failure. The answer names components and settings only:
+// the errors themselves, with addresses and driver text, go to the log.
 func (s *Service) readyz(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), readyTimeout)
 	defer cancel()
-	checks := []func(context.Context) error{
-		func(ctx context.Context) error { return prefix("mysql", s.store.Ping(ctx)) },
-		func(ctx context.Context) error { return prefix("redis", s.cache.Ping(ctx)) },
-		s.probeLock,
-		s.checkPeers,
+	checks := []struct {
+		name string // what the answer says when the check fails; "" = the error's own text
+		run  func(context.Context) error
+	}{
+		{"mysql", s.store.Ping},
+		{"lock " + s.cfg.Lock, s.probeLock},
+		{"", s.checkPeers},
+		{"cache", s.cache.Ping},
 	}
 	errs := make([]error, len(checks))
 	var wg sync.WaitGroup
 	for i, check := range checks {
-		wg.Go(func() { errs[i] = check(ctx) })
+		wg.Go(func() { errs[i] = check.run(ctx) })
 	}
 	wg.Wait()
+	cache := "ok"
 	var failed []string
-	for _, err := range errs {
-		if err != nil {
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			continue
+		case checks[i].name == "cache":
+			cache = "degraded"
+		case checks[i].name == "":
 			failed = append(failed, err.Error())
+		default:
+			failed = append(failed, checks[i].name)
 		}
+		s.log.Warn("readiness check failed", "check", checks[i].name, "err", err)
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("%w: not ready: %s", ErrUnavailable, strings.Join(failed, "; "))
+		c.Response().Header().Set("Retry-After", retryAfterSecs)
+		return c.JSON(http.StatusServiceUnavailable, map[string]apiError{"error": {
+			Code: "unavailable", Message: "not ready: " + strings.Join(failed, "; "),
+		}})
 	}
-	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok", "cache": cache})
 }
 
 // probeLock takes and gives back a key of this replica's own: the lock
@@ -108,11 +125,11 @@ func (s *Service) probeLock(ctx context.Context) error {
 	}
 	lease, err := s.locker.Acquire(ctx, "readyz/"+s.cfg.Instance)
 	if err != nil {
-		return prefix("lock "+s.cfg.Lock, err)
+		return err
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
 	defer cancel()
-	return prefix("lock "+s.cfg.Lock, lease.Release(rctx))
+	return lease.Release(rctx)
 }
 
 // checkPeers names every live replica of this database running another lock
@@ -120,7 +137,8 @@ func (s *Service) probeLock(ctx context.Context) error {
 func (s *Service) checkPeers(ctx context.Context) error {
 	peers, err := s.store.LiveReplicas(ctx, liveWithin)
 	if err != nil {
-		return prefix("replicas", err)
+		s.log.Warn("replicas table unreadable", "err", err)
+		return errors.New("replicas table")
 	}
 	var mixed []string
 	for _, p := range peers {
@@ -133,11 +151,4 @@ func (s *Service) checkPeers(ctx context.Context) error {
 		return errors.New(strings.Join(mixed, "; "))
 	}
 	return nil
-}
-
-func prefix(what string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%s: %w", what, err)
 }
