@@ -138,3 +138,56 @@ func TestSetVersionZero(t *testing.T) {
 		t.Errorf("Get = %+v, %v; want %+v kept", got, err, want)
 	}
 }
+
+// TestSettleAndForce: Settle deletes an entry newer than MySQL's latest
+// (the next read goes to MySQL); Force replaces any entry.
+func TestSettleAndForce(t *testing.T) {
+	t.Parallel()
+	c := newCache(t)
+	ctx := t.Context()
+	var calls atomic.Int32
+	truth := inventory.Item{SKU: "w", Stock: 4, Version: 7}
+	wedged := inventory.Item{SKU: "w", Stock: 999, Version: 1000}
+	if err := c.Force(ctx, wedged); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, truth); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.Get(ctx, "w", loader(truth, &calls)); got != wedged {
+		t.Fatalf("after Set of an older version: %+v, want the newer entry kept", got)
+	}
+	if err := c.Settle(ctx, truth); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Get(ctx, "w", loader(truth, &calls)); err != nil || got != truth || calls.Load() != 1 {
+		t.Errorf("after Settle: %+v, %v after %d loads; want MySQL's %+v loaded once", got, err, calls.Load(), truth)
+	}
+	if err := c.Force(ctx, inventory.Item{SKU: "w", Stock: 1, Version: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.Get(ctx, "w", loader(truth, &calls)); got.Version != 2 {
+		t.Errorf("after Force of version 2: %+v", got)
+	}
+}
+
+// TestDeadRedis: against an address nobody listens on, calls fail with
+// ErrDown, and Get does not call load: the caller decides what to do.
+func TestDeadRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	c := inventory.New(rdb, "dead:", "db")
+	var calls atomic.Int32
+	for range 3 {
+		if _, err := c.Get(t.Context(), "x", loader(inventory.Item{SKU: "x", Stock: 1, Version: 1}, &calls)); !errors.Is(err, inventory.ErrDown) {
+			t.Errorf("Get = %v, want ErrDown", err)
+		}
+		if err := c.Set(t.Context(), inventory.Item{SKU: "x", Stock: 1, Version: 1}); !errors.Is(err, inventory.ErrDown) {
+			t.Errorf("Set = %v, want ErrDown", err)
+		}
+	}
+	if calls.Load() != 0 {
+		t.Errorf("load called %d times", calls.Load())
+	}
+}
