@@ -46,5 +46,10 @@ func Open(addr string) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.IsClusterMode {
+		c := redis.NewClusterClient(o.Cluster())
+		c.AddHook(followFailover{c})
+		return c, nil
+	}
 	return redis.NewUniversalClient(o), nil
 }

@@ -32,6 +32,9 @@ type ClusterOptions struct {
 	Dir string // "" = a new temp dir, removed by Stop
 	// Detach lets the nodes survive this process (lab --keep).
 	Detach bool
+	// Args are extra server arguments for every node, after testbed's own
+	// (Redis only).
+	Args []string
 }
 
 // Addrs are the client addresses of the nodes, in order.

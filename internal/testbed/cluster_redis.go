@@ -33,14 +33,14 @@ func StartRedisCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) 
 	ctx, cancel := context.WithTimeout(ctx, clusterTimeout)
 	defer cancel()
 	err = c.startNodes(ctx, n, func(ctx context.Context, i int) (*Server, error) {
-		return StartRedis(ctx, Options{Dir: c.nodeDir(i), Port: ports[i][0], Detach: o.Detach, Args: []string{
+		return StartRedis(ctx, Options{Dir: c.nodeDir(i), Port: ports[i][0], Detach: o.Detach, Args: append([]string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf", // in Dir: a restarted node rejoins as itself
 			"--cluster-node-timeout", strconv.FormatInt(RedisClusterNodeTimeout.Milliseconds(), 10),
 			"--cluster-replica-validity-factor", "0",
 			"--repl-diskless-sync", "yes",
 			"--repl-diskless-sync-delay", "0",
-		}})
+		}, o.Args...)})
 	})
 	if err != nil {
 		return nil, err

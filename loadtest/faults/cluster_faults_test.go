@@ -45,3 +45,28 @@ func TestLeaderKill(t *testing.T) {
 func hasEvent(r loadtest.Result, s string) bool {
 	return slices.ContainsFunc(r.FaultEvents, func(e string) bool { return strings.Contains(e, s) })
 }
+
+// TestRedisClusterFailover: replication of the lock's slot cut by its ACL
+// user, the lock taken on the master, the master killed, the replica voted
+// in: a second holder takes the same lock there while the first still
+// holds it. Guard none loses an update; fencing refuses the promoted
+// replica's repeated tokens and keeps every invariant.
+func TestRedisClusterFailover(t *testing.T) {
+	for _, guard := range []string{"none", "fencing"} {
+		t.Run("redis/"+guard, func(t *testing.T) {
+			spec := short("redis-cluster-failover", "redis", guard)
+			spec.Requests, spec.Rate = 30, 50 // the fault drives its own orders
+			r := runFault(t, spec)
+			assertFired(t, r)
+			if !hasEvent(r, "two holders") {
+				t.Errorf("%s: no second holder: %v", r.Name(), r.FaultEvents)
+			}
+			if guard == "none" {
+				assertBroken(t, r)
+				return
+			}
+			assertSafe(t, r)
+			assertRefused(t, r)
+		})
+	}
+}

@@ -24,7 +24,8 @@ func All() map[string]loadtest.Fault {
 		"zk-session-expiry":            ZKSessionExpiry(),
 		"etcd-lease-expiry":            EtcdLeaseExpiry(),
 		// Cluster faults: each run gets a cluster of its own.
-		"zk-leader-kill":   ZKLeaderKill(),
-		"etcd-leader-kill": EtcdLeaderKill(),
+		"zk-leader-kill":         ZKLeaderKill(),
+		"etcd-leader-kill":       EtcdLeaderKill(),
+		"redis-cluster-failover": RedisClusterFailover(),
 	}
 }

@@ -81,12 +81,16 @@ const (
 // version the stale write is refused (the promoted replica's stock cache is
 // behind too: it missed the cut orders' cache updates). Under guard none
 // the second holder writes the stale stock: a lost update.
-func RedisFailover() loadtest.Fault {
+func RedisFailover() loadtest.Fault { return failoverFault(startFailover) }
+
+// failoverFault is a failover scenario on the deployment start makes for
+// each run (Sentinel, a Redis Cluster).
+func failoverFault(start func(context.Context) (*failover, error)) loadtest.Fault {
 	var runs perRun[*failover]
 	return loadtest.Fault{
 		Backends: []string{"redis"},
 		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
-			f, err := startFailover(ctx)
+			f, err := start(ctx)
 			if err != nil {
 				return nil, err
 			}
@@ -123,10 +127,12 @@ func RedisFailover() loadtest.Fault {
 	}
 }
 
-// failover is the private Sentinel deployment of one run.
+// failover is the private Sentinel deployment of one run, or its Redis
+// Cluster.
 type failover struct {
-	master, replica *testbed.Server
+	master, replica *testbed.Server // for a cluster: of the fault SKU's slot, picked by inject
 	sentinels       []*testbed.Server
+	cluster         *testbed.Cluster
 	hook            *insideHook
 	ttl             time.Duration // the replicas' lock TTL
 }
@@ -191,6 +197,9 @@ func startFailover(ctx context.Context) (f *failover, err error) {
 
 // Addr is the replicas' OVERSOLD_REDIS_ADDR.
 func (f *failover) Addr() string {
+	if f.cluster != nil {
+		return strings.Join(f.cluster.Addrs(), ",")
+	}
 	addrs := make([]string, len(f.sentinels))
 	for i, s := range f.sentinels {
 		addrs[i] = s.Addr
@@ -199,6 +208,10 @@ func (f *failover) Addr() string {
 }
 
 func (f *failover) Close() {
+	if f.cluster != nil {
+		f.cluster.Stop()
+		return
+	}
 	for _, s := range append(f.sentinels, f.replica, f.master) {
 		if s != nil {
 			s.Stop()
@@ -215,7 +228,12 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 	defer d.close()
 	lockKey := "lock:{sku/" + run.FaultSKU + "}"
 	fenceKey := lockKey + ":fence"
-	mc, rc := client(f.master.Addr), client(f.replica.Addr)
+	if f.cluster != nil {
+		if err := f.pickSlot(ctx, run, lockKey); err != nil {
+			return err
+		}
+	}
+	mc, rc := client(f.master.Addr), f.replicaClient(ctx)
 	defer mc.Close()
 	defer rc.Close()
 
@@ -268,7 +286,7 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 		return nil
 	}
 	defer c.Answer()
-	if has, err := hasKey(ctx, f.replica.Addr, lockKey); err != nil || has {
+	if has, err := hasKey(ctx, rc, lockKey); err != nil || has {
 		c.Answer()
 		d.wait(ctx, first, 2*lockWait)
 		return fmt.Errorf("replication was not cut: the replica has %s (%v, %v)", lockKey, has, err)
@@ -279,14 +297,16 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 	}
 	run.Fired("%s holds the lock on the master only (the replica has no key, its counter is at %d); master killed (SIGKILL) %s after the cut", c, replicaFence, since(tCut))
 
-	if err := waitFor(ctx, 30*time.Second, "promotion", func(ctx context.Context) error {
-		return promoted(ctx, f.sentinels[0].Addr, f.replica.Addr)
-	}); err != nil {
+	if err := waitFor(ctx, 30*time.Second, "promotion", f.promoted); err != nil {
 		return err
 	}
 	promotedFence := counter(ctx, rc, fenceKey)
-	has, _ := hasKey(ctx, f.replica.Addr, lockKey)
-	run.Eventf("sentinels promoted the replica %s after the kill (+switch-master); it has the lock key: %v, its fence counter is at %d where the old master's was at %d", since(t0), has, promotedFence, c.Token)
+	has, _ := hasKey(ctx, rc, lockKey)
+	how := "sentinels promoted the replica %s after the kill (+switch-master)"
+	if f.cluster != nil {
+		how = "the cluster failed over to the replica %s after the kill (its vote, cluster-node-timeout " + testbed.RedisClusterNodeTimeout.String() + ")"
+	}
+	run.Eventf(how+"; it has the lock key: %v, its fence counter is at %d where the old master's was at %d", since(t0), has, promotedFence, c.Token)
 	if due := c.Arrived.Add(f.ttl / 3); time.Now().After(due) {
 		run.Eventf("the promotion came after %s's first renewal was due (TTL/3 after its grant): that renewal may have found its lease gone before a second holder was granted", c.Replica)
 	}
@@ -431,9 +451,7 @@ func infoHas(ctx context.Context, addr, section, want string) error {
 	return nil
 }
 
-func hasKey(ctx context.Context, addr, key string) (bool, error) {
-	c := client(addr)
-	defer c.Close()
+func hasKey(ctx context.Context, c *redis.Client, key string) (bool, error) {
 	n, err := c.Exists(ctx, key).Result()
 	return n == 1, err
 }
@@ -463,8 +481,26 @@ func sentinelReady(ctx context.Context, addr string, others int) error {
 	return nil
 }
 
-// promoted: the sentinel names want as the master, and want says it is one.
-func promoted(ctx context.Context, sentinel, want string) error {
+// promoted: the replica is the master now, for the sentinels or the cluster.
+func (f *failover) promoted(ctx context.Context) error {
+	if f.cluster != nil {
+		return clusterPromoted(ctx, f)
+	}
+	return sentinelPromoted(ctx, f.sentinels[0].Addr, f.replica.Addr)
+}
+
+// replicaClient is a one-connection client for the replica; a cluster
+// replica answers reads of its own data only after READONLY.
+func (f *failover) replicaClient(ctx context.Context) *redis.Client {
+	c := client(f.replica.Addr)
+	if f.cluster != nil {
+		_ = c.Do(ctx, "READONLY").Err()
+	}
+	return c
+}
+
+// sentinelPromoted: the sentinel names want as the master, and want says it is one.
+func sentinelPromoted(ctx context.Context, sentinel, want string) error {
 	c := client(sentinel)
 	defer c.Close()
 	addr, err := c.Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", masterName).StringSlice()
