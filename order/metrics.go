@@ -35,6 +35,7 @@ type Metrics struct {
 	leasesLost     prometheus.Counter
 	guardConflicts prometheus.Counter
 	cacheBypassed  prometheus.Counter
+	batchSize      prometheus.Observer
 }
 
 // NewMetrics registers the series of a replica running lock and guard.
@@ -75,6 +76,11 @@ func NewMetrics(replica, lock string, guard storage.Guard) *Metrics {
 			Name: "oversold_guard_conflicts_total",
 			Help: "Writes the guard refused because another writer came first (version conflicts, stale fences).",
 		}, []string{"guard"}).WithLabelValues(string(guard)),
+		batchSize: f.NewHistogram(prometheus.HistogramOpts{
+			Name:    "oversold_batch_orders",
+			Help:    "Orders of one SKU sold under one lease and in one transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 8),
+		}),
 		cacheBypassed: f.NewCounter(prometheus.CounterOpts{
 			Name: "oversold_cache_bypassed_total",
 			Help: "Stock reads that went to MySQL because the Redis cache could not be used.",

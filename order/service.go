@@ -51,8 +51,15 @@ type Config struct {
 	Guard    storage.Guard // "" = version
 	// LockWait is the longest wait for the lock (0 = DefaultLockWait).
 	LockWait time.Duration
-	// WorkDelay is simulated business logic inside the critical section.
+	// WorkDelay is simulated business logic inside the critical section,
+	// per order (a batch of n orders works n times as long).
 	WorkDelay time.Duration
+	// BatchMax is the most orders of one SKU sold under one lease and in
+	// one transaction (0 = DefaultBatchMax; 1 = no coalescing).
+	BatchMax int
+	// BatchWait is how long a batch waits for more orders once its lock is
+	// granted (0: a batch is what queued until the grant).
+	BatchWait time.Duration
 	// AdminToken is the bearer token of the admin routes; "" disables them.
 	AdminToken string
 	Logger     *slog.Logger // nil: no logs
@@ -109,8 +116,9 @@ type Service struct {
 	admin   [sha256.Size]byte // hash of the admin token, for a constant-time compare
 	handler http.Handler
 
-	loads singleflight.Group // concurrent reads of one SKU share one query
-	skus  knownSKUs          // SKUs seen in MySQL: they are never deleted
+	queues queues             // orders waiting for their SKU's batch (batch.go)
+	loads  singleflight.Group // concurrent reads of one SKU share one query
+	skus   knownSKUs          // SKUs seen in MySQL: they are never deleted
 
 	stopOnce  sync.Once
 	stop      chan struct{} // ends the heartbeat
@@ -128,6 +136,9 @@ func New(store Store, cache Cache, locker Locker, cfg Config) *Service {
 	if cfg.LockWait <= 0 {
 		cfg.LockWait = DefaultLockWait
 	}
+	if cfg.BatchMax <= 0 {
+		cfg.BatchMax = DefaultBatchMax
+	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(cfg.Instance, cfg.Lock, cfg.Guard)
 	}
@@ -144,6 +155,7 @@ func New(store Store, cache Cache, locker Locker, cfg Config) *Service {
 		metrics: cfg.Metrics,
 		admin:   sha256.Sum256([]byte(cfg.AdminToken)),
 		stop:    make(chan struct{}),
+		queues:  queues{m: map[string][]*pending{}},
 	}
 	s.handler = s.routes()
 	return s
@@ -168,7 +180,10 @@ func (s *Service) Place(ctx context.Context, req Request) (o Order, replayed boo
 	}
 }
 
-// placeOnce is steps 1 to 8, once.
+// placeOnce is steps 1 to 8, once. Without a lock the order is a batch of
+// its own; under a lock it joins its SKU's queue (batch.go), and every
+// order that queued while the lock was held or being acquired is sold in
+// one batch: one acquisition, one transaction.
 func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, error) {
 	// 1. replay
 	if req.Key != "" {
@@ -180,47 +195,70 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 			return Order{}, false, err
 		}
 	}
-
-	// 2. lock
-	var lease locking.Lease
-	if s.locker != nil {
-		// No lock, and no lock state on any server, for a SKU that does
-		// not exist: random SKUs must not grow Redis keys or lock rows.
-		if err := s.exists(ctx, req.SKU); err != nil {
-			return Order{}, false, err
-		}
-		var err error
-		if lease, err = s.acquire(ctx, req.SKU); err != nil {
-			return Order{}, false, err
-		}
-		// 8. release, once everything below (commit included) is done.
-		// The hold starts at the grant.
-		held := s.hold(lease)
-		defer s.release(ctx, lease, held)
+	if s.locker == nil {
+		r := s.sell(ctx, nil, []Request{req})[0]
+		return r.order, r.replayed, r.err
 	}
+	// No lock, and no lock state on any server, for a SKU that does not
+	// exist: random SKUs must not grow Redis keys or lock rows.
+	if err := s.exists(ctx, req.SKU); err != nil {
+		return Order{}, false, err
+	}
+	return s.enqueue(ctx, req) // steps 2 to 8, in the SKU's next batch
+}
+
+// outcome is one order's answer.
+type outcome struct {
+	order    Order
+	replayed bool
+	err      error
+}
+
+// sell is steps 3 to 7 for orders of one SKU, all under lease (nil: no
+// lock, and one order): one stock read, the orders filled in arrival order
+// while the stock lasts, one transaction with every filled order and one
+// guarded stock write. It returns each order's outcome, in order. ctx
+// bounds the reads; the write runs on a context the clients cannot cancel.
+func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request) []outcome {
+	out := make([]outcome, len(reqs))
+	fail := func(idx []int, err error) {
+		for _, i := range idx {
+			out[i].err = err
+		}
+	}
+	all := make([]int, len(reqs))
+	for i := range all {
+		all[i] = i
+	}
+	sku, first := reqs[0].SKU, reqs[0]
 
 	// 3. stock from the cache
-	item, err := s.stock(ctx, req.SKU, lease)
+	item, err := s.stock(ctx, sku, lease)
 	if err != nil {
-		return Order{}, false, err
+		fail(all, err)
+		return out
 	}
 
 	// 4. enough? A cache entry that says no is confirmed by MySQL: stock
 	// added there outside PUT must be sold.
-	if item.Stock < req.Quantity {
-		if item, err = s.confirm(ctx, req.SKU, lease); err != nil {
-			return Order{}, false, err
-		}
-		if item.Stock < req.Quantity {
-			return Order{}, false, fmt.Errorf("%q: %w", req.SKU, storage.ErrOutOfStock)
+	if demand(reqs, all) > item.Stock {
+		if item, err = s.confirm(ctx, sku, lease); err != nil {
+			fail(all, err)
+			return out
 		}
 	}
+	filled, short := fill(reqs, item.Stock)
+	fail(short, fmt.Errorf("%q: %w", sku, storage.ErrOutOfStock))
+	if len(filled) == 0 {
+		return out
+	}
 
-	s.hook(ctx, HookAfterRead, req, lease)
+	s.hook(ctx, HookAfterRead, first, lease)
 
-	// 5. business logic inside the critical section
-	if err := sleep(ctx, s.cfg.WorkDelay); err != nil {
-		return Order{}, false, err
+	// 5. business logic inside the critical section: each order's own.
+	if err := sleep(ctx, time.Duration(len(filled))*s.cfg.WorkDelay); err != nil {
+		fail(filled, err)
+		return out
 	}
 
 	// A lease known to be lost must not write. This is the only check, made
@@ -230,27 +268,69 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 	// lost lease (Kleppmann, "How to do distributed locking", 2016); that is
 	// what the guards in step 6 are for.
 	if lost(lease) {
-		return Order{}, false, fmt.Errorf("%w before the write", ErrLockLost)
+		fail(filled, fmt.Errorf("%w before the write", ErrLockLost))
+		return out
 	}
-	s.hook(ctx, HookBeforeWrite, req, lease)
+	s.hook(ctx, HookBeforeWrite, first, lease)
 
-	// 6. the guarded write and the order, in one transaction, on a context
-	// the client cannot cancel: its outcome is settled before we answer.
+	// 6. the guarded write and the orders, in one transaction, on a
+	// context the clients cannot cancel: its outcome is settled before
+	// anyone is answered.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
-	o := s.newOrder(req, lease)
-	inv, err := s.write(wctx, o, item, lease)
-	if err != nil {
-		return s.refused(wctx, req, o, lease, err)
+	orders := make([]storage.Order, len(filled))
+	for j, i := range filled {
+		orders[j] = s.newOrder(reqs[i], lease)
 	}
-	s.hook(ctx, HookBeforeCache, req, lease)
+	inv, err := s.write(wctx, orders, item, lease, first)
+	if err != nil {
+		retry := s.refused(wctx, reqs, filled, orders, lease, err, out)
+		if len(retry) > 0 { // the orders a concurrent duplicate key did not concern
+			sub := make([]Request, len(retry))
+			for j, i := range retry {
+				sub[j] = reqs[i]
+			}
+			for j, r := range s.sell(ctx, lease, sub) {
+				out[retry[j]] = r
+			}
+		}
+		return out
+	}
+	s.hook(ctx, HookBeforeCache, first, lease)
 
-	// 7. the cache takes the new stock. The order is committed whatever
+	// 7. the cache takes the new stock. The orders are committed whatever
 	// happens here: a failure leaves an older entry, which the version
-	// guard refuses and refreshes.
+	// guard refuses and refreshes, and which expires.
 	s.cacheWrite(wctx, toItem(inv), lease)
-	s.hook(ctx, HookAfterCommit, req, lease)
-	return fromStorage(o), false, nil
+	s.hook(ctx, HookAfterCommit, first, lease)
+	for j, i := range filled {
+		out[i].order = fromStorage(orders[j])
+	}
+	return out
+}
+
+// demand is the quantity the orders at idx ask for.
+func demand(reqs []Request, idx []int) int64 {
+	var q int64
+	for _, i := range idx {
+		q += reqs[i].Quantity
+	}
+	return q
+}
+
+// fill takes the orders in arrival order while stock lasts, as they would
+// be sold one after the other: an order that does not fit is short, and a
+// smaller one after it may still fit.
+func fill(reqs []Request, stock int64) (filled, short []int) {
+	for i, r := range reqs {
+		if r.Quantity <= stock {
+			stock -= r.Quantity
+			filled = append(filled, i)
+		} else {
+			short = append(short, i)
+		}
+	}
+	return filled, short
 }
 
 // replay answers a request whose key names an order placed earlier: that
@@ -284,57 +364,80 @@ func (s *Service) newOrder(req Request, lease locking.Lease) storage.Order {
 	return o
 }
 
-// write is step 6: the guarded write and the order in one transaction. The
-// lease was checked once before it (placeOnce); there is no second check.
-func (s *Service) write(ctx context.Context, o storage.Order, seen inventory.Item, lease locking.Lease) (storage.Inventory, error) {
-	req := Request{SKU: o.SKU, Quantity: o.Quantity}
-	if o.IdempotencyKey != nil {
-		req.Key = *o.IdempotencyKey
-	}
-	w := storage.Write{Guard: s.cfg.Guard, Order: o, Stock: seen.Stock, Version: seen.Version, Token: o.Token}
+// write is step 6: the guarded write and the orders in one transaction.
+// The lease was checked once before it (sell); there is no second check.
+func (s *Service) write(ctx context.Context, orders []storage.Order, seen inventory.Item, lease locking.Lease, first Request) (storage.Inventory, error) {
+	w := storage.Write{Guard: s.cfg.Guard, Orders: orders, Stock: seen.Stock, Version: seen.Version, Token: orders[0].Token}
 	return s.store.PlaceOrder(ctx, w, func() error {
-		s.hook(ctx, HookBeforeCommit, req, lease)
+		s.hook(ctx, HookBeforeCommit, first, lease)
 		return nil
 	})
 }
 
-// refused handles a failed step 6: nothing was written, or (an error no
-// guard explains) we do not know yet.
-func (s *Service) refused(ctx context.Context, req Request, o storage.Order, lease locking.Lease, err error) (Order, bool, error) {
+// refused handles a failed step 6 for the orders at filled, whose rows are
+// orders: nothing was written, or (an error no guard explains) we do not
+// know yet. It sets their outcomes in out, and returns the ones to sell
+// again: after a concurrent insert of one of their keys, the others.
+func (s *Service) refused(ctx context.Context, reqs []Request, filled []int, orders []storage.Order, lease locking.Lease, err error, out []outcome) (retry []int) {
+	sku := reqs[filled[0]].SKU
+	for _, i := range filled {
+		out[i].err = err
+	}
 	switch {
 	case errors.Is(err, storage.ErrConflict):
 		// Our read was stale: refresh the cache from MySQL so the retry
 		// (after the release) starts from the truth.
 		s.metrics.guardConflicts.Inc()
-		s.refresh(ctx, req.SKU, lease)
+		s.refresh(ctx, sku, lease)
 	case errors.Is(err, storage.ErrStaleFence):
 		s.metrics.guardConflicts.Inc()
-		err = fmt.Errorf("%w: %w", ErrLockLost, err)
-	case errors.Is(err, storage.ErrOutOfStock):
-		s.refresh(ctx, req.SKU, lease) // atomic guard: the cache was behind
-	case errors.Is(err, storage.ErrDuplicate):
-		// A concurrent request with the same key committed first; the
-		// UNIQUE index rolled ours back, stock write included.
-		prev, err := s.store.OrderByKey(ctx, req.Key)
-		if err != nil {
-			return Order{}, false, err
+		for _, i := range filled {
+			out[i].err = fmt.Errorf("%w: %w", ErrLockLost, err)
 		}
-		return replay(prev, req)
+	case errors.Is(err, storage.ErrOutOfStock):
+		s.refresh(ctx, sku, lease) // atomic guard: the cache was behind
+	case errors.Is(err, storage.ErrDuplicate):
+		// A concurrent request with one of the keys committed first; the
+		// UNIQUE index rolled the whole batch back. The orders whose key is
+		// taken now are replays (or reuses) of it; the rest sell again.
+		for _, i := range filled {
+			req := reqs[i]
+			if req.Key == "" {
+				retry = append(retry, i)
+				continue
+			}
+			prev, lerr := s.store.OrderByKey(ctx, req.Key)
+			switch {
+			case lerr == nil:
+				out[i].order, out[i].replayed, out[i].err = replay(prev, req)
+			case errors.Is(lerr, storage.ErrNotFound):
+				retry = append(retry, i)
+			default:
+				out[i].err = lerr
+			}
+		}
+		if len(retry) == len(filled) { // no key was taken: not ours to explain
+			return nil
+		}
+		return retry
 	case errors.Is(err, ErrLockLost), errors.Is(err, storage.ErrUnknownSKU):
 		// Nothing reached MySQL, or there is nothing to cache.
 	default:
 		// The write's outcome is unknown: a connection lost during COMMIT
-		// may have committed it. MySQL decides: the order's id was chosen
-		// before the write. Either way the cache entry must not outlive
-		// the doubt, or the next holder trusts a stale stock; the lock is
-		// still ours, so the refresh reads what the next holder will see.
-		s.refresh(ctx, req.SKU, lease)
-		if placed, lerr := s.store.Order(ctx, o.ID); lerr == nil {
-			s.log.Warn("write reported failed but committed", "sku", req.SKU, "order_id", o.ID, "err", err)
-			return fromStorage(placed), false, nil
+		// may have committed it. MySQL decides: the orders' ids were chosen
+		// before the write, and the transaction committed all or none.
+		// Either way the cache entry must not outlive the doubt, or the
+		// next holder trusts a stale stock; the lock is still ours, so the
+		// refresh reads what the next holder will see.
+		s.refresh(ctx, sku, lease)
+		if _, lerr := s.store.Order(ctx, orders[0].ID); lerr == nil {
+			s.log.Warn("write reported failed but committed", "sku", sku, "orders", len(orders), "err", err)
+			for j, i := range filled {
+				out[i] = outcome{order: fromStorage(orders[j])}
+			}
 		}
 	}
-	return Order{}, false, err
+	return nil
 }
 
 // acquire is step 2: wait at most LockWait for the SKU's lock.

@@ -30,14 +30,14 @@ func TestExactIdentity(t *testing.T) {
 	}
 
 	first := newOrder("hot-1", 1, "Key-a")
-	if _, err := s.PlaceOrder(ctx, storage.Write{Guard: storage.GuardAtomic, Order: first}, nil); err != nil {
+	if _, err := s.PlaceOrder(ctx, storage.Write{Guard: storage.GuardAtomic, Orders: []storage.Order{first}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, key := range []string{"key-A", "Key-a ", "KEY-A"} {
 		if _, err := s.OrderByKey(ctx, key); !errors.Is(err, storage.ErrNotFound) {
 			t.Errorf("OrderByKey(%q) = %v, want ErrNotFound: only %q was used", key, err, "Key-a")
 		}
-		if _, err := s.PlaceOrder(ctx, storage.Write{Guard: storage.GuardAtomic, Order: newOrder("hot-1", 1, key)}, nil); err != nil {
+		if _, err := s.PlaceOrder(ctx, storage.Write{Guard: storage.GuardAtomic, Orders: []storage.Order{newOrder("hot-1", 1, key)}}, nil); err != nil {
 			t.Errorf("order under %q after %q: %v, want a second order", key, "Key-a", err)
 		}
 	}
@@ -172,7 +172,7 @@ func TestPutConditions(t *testing.T) {
 		t.Errorf("reset under the same token again = %v, want ErrStaleFence", err)
 	}
 	// A holder with token 8 read before the reset and writes after it.
-	w := storage.Write{Guard: storage.GuardFencing, Order: newOrder("pc", 1, ""), Stock: 10, Token: 8}
+	w := storage.Write{Guard: storage.GuardFencing, Orders: []storage.Order{newOrder("pc", 1, "")}, Stock: 10, Token: 8}
 	if _, err := s.PlaceOrder(ctx, w, nil); !errors.Is(err, storage.ErrStaleFence) {
 		t.Errorf("older holder's write after the reset = %v, want ErrStaleFence", err)
 	}

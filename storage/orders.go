@@ -31,23 +31,37 @@ func OrderFingerprint(sku string, quantity int64) []byte {
 	return Fingerprint("order", sku, strconv.FormatInt(quantity, 10))
 }
 
-// Write is one order's guarded stock write: the order to insert, and what
-// the caller read and holds, which the guard checks.
+// Write is the guarded stock write of one or more orders of one SKU (a
+// batch, coalesced under one lease): the orders to insert, and what the
+// caller read and holds, which the guard checks once for all of them.
 type Write struct {
 	Guard Guard
-	// Order is the row to insert; its SKU and Quantity are the decrement.
-	Order Order
+	// Orders are the rows to insert, all of one SKU; the sum of their
+	// quantities is the decrement.
+	Orders []Order
 	// Stock and Version are the inventory as the caller read it (step 3),
 	// a pair read together (as the cache holds them). The new stock is
-	// Stock - Quantity for every guard but atomic.
+	// Stock - the orders' quantity for every guard but atomic.
 	Stock   int64
 	Version uint64
 	// Token is the lease's fencing token (fencing guard).
 	Token uint64
 }
 
+// sku is the SKU of the write's orders.
+func (w Write) sku() string { return w.Orders[0].SKU }
+
+// quantity is the write's decrement: the orders' quantities added up.
+func (w Write) quantity() int64 {
+	var q int64
+	for _, o := range w.Orders {
+		q += o.Quantity
+	}
+	return q
+}
+
 // PlaceOrder runs step 6 of the flow in one transaction: the INSERT of the
-// order, the guarded UPDATE of the inventory row and a check that it changed
+// orders (one statement), the guarded UPDATE of the inventory row and a check that it changed
 // the row (the UPDATE first under the version guard). beforeCommit, if not
 // nil, has the last word: an error from it rolls everything back and is
 // returned (the flow uses it to refuse writing once its lease is lost).
@@ -66,7 +80,10 @@ type Write struct {
 // ErrOutOfStock (atomic); a missing row ErrUnknownSKU; an idempotency key
 // already used ErrDuplicate. In every error case nothing was written.
 func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() error) (Inventory, error) {
-	inv := Inventory{SKU: w.Order.SKU}
+	if len(w.Orders) == 0 {
+		return Inventory{}, errors.New("place order: no order")
+	}
+	inv := Inventory{SKU: w.sku()}
 	// The UPDATE locks the SKU's row until the commit, and every order of a
 	// hot SKU queues on that lock: the less runs after it the better, so the
 	// INSERT goes first (a refused guard rolls it back with the rest). The
@@ -107,17 +124,17 @@ func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() err
 		err = fmt.Errorf("%w: %w", ErrConflict, err)
 	}
 	if err != nil {
-		return Inventory{}, fmt.Errorf("place order on %q: %w", w.Order.SKU, err)
+		return Inventory{}, fmt.Errorf("place order on %q: %w", w.sku(), err)
 	}
 	switch {
 	case w.Guard != GuardAtomic || inv.Version == w.Version+1:
 		// Stock and version change together, so the stock read at
 		// w.Version was the stock our write started from.
-		inv.Stock = w.Stock - w.Order.Quantity
+		inv.Stock = w.Stock - w.quantity()
 	default:
 		// Another write came between our read and ours: read the row,
 		// now that the commit has released it.
-		if now, err := s.Inventory(ctx, w.Order.SKU); err == nil {
+		if now, err := s.Inventory(ctx, w.sku()); err == nil {
 			inv = Inventory{SKU: now.SKU, Stock: now.Stock, Version: now.Version}
 		} else {
 			inv.Version = 0
@@ -126,11 +143,13 @@ func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() err
 	return inv, nil
 }
 
-// insertOrder inserts w's order; its key already used is ErrDuplicate.
+// insertOrder inserts w's orders in one statement; a key already used is
+// ErrDuplicate (the batch's orders have ids of their own, so only a key can
+// be a duplicate).
 func insertOrder(tx *gorm.DB, w Write) error {
-	err := tx.Create(&w.Order).Error
-	if mysqlErrno(err) == errDupEntry && w.Order.IdempotencyKey != nil {
-		return ErrDuplicate
+	err := tx.Create(&w.Orders).Error
+	if mysqlErrno(err) == errDupEntry {
+		return fmt.Errorf("%w: %w", ErrDuplicate, err)
 	}
 	return err
 }
@@ -142,7 +161,7 @@ func insertOrder(tx *gorm.DB, w Write) error {
 // insert id of the UPDATE's own reply, which spares a read-back SELECT
 // inside the transaction, while the row is locked.
 func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, changed bool, err error) {
-	sku, q := w.Order.SKU, w.Order.Quantity
+	sku, q := w.sku(), w.quantity()
 	var query string
 	var args []any
 	switch w.Guard {
@@ -185,7 +204,7 @@ func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, c
 // refused tells a refusing guard from a missing SKU.
 func refused(tx *gorm.DB, w Write) error {
 	var n int64
-	if err := tx.Model(&Inventory{}).Where("sku = ?", w.Order.SKU).Count(&n).Error; err != nil {
+	if err := tx.Model(&Inventory{}).Where("sku = ?", w.sku()).Count(&n).Error; err != nil {
 		return err
 	}
 	switch {

@@ -119,7 +119,7 @@ func TestGuards(t *testing.T) {
 			}
 			if c.prepare {
 				// Another writer takes 1, with token 10, before our write.
-				w := storage.Write{Guard: c.guard, Order: newOrder(sku, 1, ""), Stock: 10, Version: inv.Version, Token: 10}
+				w := storage.Write{Guard: c.guard, Orders: []storage.Order{newOrder(sku, 1, "")}, Stock: 10, Version: inv.Version, Token: 10}
 				var err error
 				if inv, err = s.PlaceOrder(ctx, w, nil); err != nil {
 					t.Fatal(err)
@@ -128,7 +128,7 @@ func TestGuards(t *testing.T) {
 			before := audit(t, s, sku)
 
 			w := c.write(inv)
-			w.Guard, w.Order = c.guard, newOrder(sku, q, "")
+			w.Guard, w.Orders = c.guard, []storage.Order{newOrder(sku, q, "")}
 			got, err := s.PlaceOrder(ctx, w, nil)
 			if !errors.Is(err, c.wantErr) {
 				t.Fatalf("PlaceOrder = %v, want %v", err, c.wantErr)
@@ -172,12 +172,12 @@ func TestPlaceOrderReturnsTheRow(t *testing.T) {
 			}
 			read := put(t, s, sku, 50)
 			if stale {
-				other := storage.Write{Guard: g, Order: newOrder(sku, 5, ""), Stock: read.Stock, Version: read.Version}
+				other := storage.Write{Guard: g, Orders: []storage.Order{newOrder(sku, 5, "")}, Stock: read.Stock, Version: read.Version}
 				if _, err := s.PlaceOrder(ctx, other, nil); err != nil {
 					t.Fatal(err)
 				}
 			}
-			w := storage.Write{Guard: g, Order: newOrder(sku, 3, ""), Stock: read.Stock, Version: read.Version, Token: 9}
+			w := storage.Write{Guard: g, Orders: []storage.Order{newOrder(sku, 3, "")}, Stock: read.Stock, Version: read.Version, Token: 9}
 			got, err := s.PlaceOrder(ctx, w, nil)
 			if err != nil {
 				t.Fatalf("%s: %v", sku, err)
@@ -198,7 +198,7 @@ func TestUnknownSKU(t *testing.T) {
 	t.Parallel()
 	s := openStore(t)
 	for _, g := range storage.Guards {
-		w := storage.Write{Guard: g, Order: newOrder("nope", 1, ""), Stock: 5, Token: 1}
+		w := storage.Write{Guard: g, Orders: []storage.Order{newOrder("nope", 1, "")}, Stock: 5, Token: 1}
 		if _, err := s.PlaceOrder(t.Context(), w, nil); !errors.Is(err, storage.ErrUnknownSKU) {
 			t.Errorf("guard %s: PlaceOrder = %v, want ErrUnknownSKU", g, err)
 		}
@@ -219,10 +219,10 @@ func TestDuplicateKey(t *testing.T) {
 	ctx := t.Context()
 	put(t, s, "dup", 10)
 	first := newOrder("dup", 2, "key-1")
-	if _, err := s.PlaceOrder(ctx, storage.Write{Guard: storage.GuardAtomic, Order: first}, nil); err != nil {
+	if _, err := s.PlaceOrder(ctx, storage.Write{Guard: storage.GuardAtomic, Orders: []storage.Order{first}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.PlaceOrder(ctx, storage.Write{Guard: storage.GuardAtomic, Order: newOrder("dup", 2, "key-1")}, nil)
+	_, err := s.PlaceOrder(ctx, storage.Write{Guard: storage.GuardAtomic, Orders: []storage.Order{newOrder("dup", 2, "key-1")}}, nil)
 	if !errors.Is(err, storage.ErrDuplicate) {
 		t.Fatalf("second PlaceOrder = %v, want ErrDuplicate", err)
 	}
@@ -246,7 +246,7 @@ func TestFailedTransaction(t *testing.T) {
 	put(t, s, "fail", 10)
 	boom := errors.New("lease lost")
 	for _, g := range storage.Guards {
-		w := storage.Write{Guard: g, Order: newOrder("fail", 4, "k-"+string(g)), Stock: 10, Version: 1, Token: 1}
+		w := storage.Write{Guard: g, Orders: []storage.Order{newOrder("fail", 4, "k-"+string(g))}, Stock: 10, Version: 1, Token: 1}
 		if _, err := s.PlaceOrder(t.Context(), w, func() error { return boom }); !errors.Is(err, boom) {
 			t.Errorf("guard %s: PlaceOrder = %v, want %v", g, err, boom)
 		}
@@ -326,7 +326,7 @@ func TestPutInventory(t *testing.T) {
 	if inv.Stock != 5 || inv.Version != 1 || inv.Fence != 0 {
 		t.Fatalf("created %+v, want stock 5 version 1 fence 0", inv)
 	}
-	w := storage.Write{Guard: storage.GuardFencing, Order: newOrder("p", 1, ""), Stock: 5, Token: 7}
+	w := storage.Write{Guard: storage.GuardFencing, Orders: []storage.Order{newOrder("p", 1, "")}, Stock: 5, Token: 7}
 	if _, err := s.PlaceOrder(ctx, w, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,146 @@
+package order_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/order"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// queued sends one order per key, in that order, while the SKU's lock is
+// held by another locker, so they all queue in one replica; once the last
+// is sent (and has had time to queue) the lock is released. It returns the
+// answers, by key index.
+func (f *fixture) queued(h http.Handler, sku string, keys []string, qty func(i int) int) []*httptest.ResponseRecorder {
+	f.t.Helper()
+	other, err := backends.Open(f.t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer other.Close()
+	lease, err := other.Acquire(f.t.Context(), "sku/"+sku)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	recs := make([]*httptest.ResponseRecorder, len(keys))
+	var wg sync.WaitGroup
+	for i, key := range keys {
+		wg.Go(func() { recs[i] = post(h, sku, qty(i), "Idempotency-Key", key) })
+		time.Sleep(5 * time.Millisecond) // arrival order = key order
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := lease.Release(context.Background()); err != nil {
+		f.t.Fatal(err)
+	}
+	wg.Wait()
+	return recs
+}
+
+// TestCoalescing: 30 orders that queue behind a held lock are sold in one
+// batch (one lease: one token on every order), filled in arrival order while
+// the stock lasts, a smaller order after a refused one still filled, the
+// rest 409; MySQL holds exactly what was acknowledged.
+func TestCoalescing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("co-hot", 12)
+	h := f.redisReplicas(1, order.Config{Guard: storage.GuardVersion})[0]
+	keys := make([]string, 30)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("co-%02d", i)
+	}
+	// Order 5 asks for 5, order 6 for 3, the others for 1: 0-4 take 5,
+	// 5 takes 5 (2 left), 6 does not fit, 7 and 8 take the last 2.
+	qty := func(i int) int {
+		switch i {
+		case 5:
+			return 5
+		case 6:
+			return 3
+		}
+		return 1
+	}
+	recs := f.queued(h, "co-hot", keys, qty)
+	tokens := map[uint64]int{}
+	for i, r := range recs {
+		want := http.StatusConflict
+		if i <= 5 || i == 7 || i == 8 {
+			want = http.StatusCreated
+		}
+		if r.Code != want {
+			t.Errorf("order %d (%d): %d %s, want %d", i, qty(i), r.Code, r.Body, want)
+		}
+		if r.Code == http.StatusCreated {
+			tokens[decodeOrder(t, r).Token]++
+		}
+	}
+	if len(tokens) != 1 {
+		t.Errorf("tokens of the sold orders: %v, want one lease for the whole batch", tokens)
+	}
+	if a := f.audit("co-hot"); a.Stock != 0 || a.Ordered != 12 || a.Orders != 8 {
+		t.Errorf("audit %+v, want 8 orders of 12 in all, stock 0", a)
+	}
+}
+
+// TestBatchKeys: inside a batch, a key sent twice is one order (the second
+// a replay, or 422 with another body), and a key taken by a concurrent
+// writer fails alone: the rest of the batch is sold.
+func TestBatchKeys(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("bk", 100)
+	h := f.redisReplicas(1, order.Config{Guard: storage.GuardNone})[0]
+
+	// A writer elsewhere takes key bk-2 while the batch waits for the lock.
+	other, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	lease, err := other.Acquire(t.Context(), "sku/bk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"bk-1", "bk-2", "bk-1", "bk-3", "bk-1"}
+	qty := []int{1, 1, 1, 1, 2} // the last one reuses bk-1 with another body
+	recs := make([]*httptest.ResponseRecorder, len(keys))
+	var wg sync.WaitGroup
+	for i, key := range keys {
+		wg.Go(func() { recs[i] = post(h, "bk", qty[i], "Idempotency-Key", key) })
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	key := "bk-2"
+	elsewhere := storage.Order{ID: "0190a5c8-0000-7000-8000-00000000bb02", SKU: "bk", Quantity: 1, Status: storage.StatusConfirmed,
+		Instance: "elsewhere", Lock: "redis", IdempotencyKey: &key, Fingerprint: storage.OrderFingerprint("bk", 1),
+		CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	if _, err := f.store.PlaceOrder(t.Context(), storage.Write{Guard: storage.GuardAtomic, Orders: []storage.Order{elsewhere}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	lease.Release(context.Background())
+	wg.Wait()
+
+	first := decodeOrder(t, recs[0])
+	if recs[0].Code != http.StatusCreated || recs[3].Code != http.StatusCreated {
+		t.Errorf("bk-1 %d, bk-3 %d: want both sold", recs[0].Code, recs[3].Code)
+	}
+	if r := recs[1]; r.Code != http.StatusOK || decodeOrder(t, r).ID != elsewhere.ID {
+		t.Errorf("bk-2, taken elsewhere: %d %s, want 200 with that order", r.Code, r.Body)
+	}
+	if r := recs[2]; r.Code != http.StatusOK || decodeOrder(t, r).ID != first.ID {
+		t.Errorf("bk-1 again: %d %s, want 200 with the first order", r.Code, r.Body)
+	}
+	if r := recs[4]; r.Code != http.StatusUnprocessableEntity {
+		t.Errorf("bk-1 with another quantity: %d %s, want 422", r.Code, r.Body)
+	}
+	if a := f.audit("bk"); a.Orders != 3 || a.Stock != 97 {
+		t.Errorf("audit %+v, want 3 orders (bk-1, bk-2, bk-3), stock 97", a)
+	}
+}
