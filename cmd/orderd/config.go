@@ -34,6 +34,8 @@ type config struct {
 	LockTTL       time.Duration
 	LockWait      time.Duration
 	WorkDelay     time.Duration
+	BatchMax      int
+	BatchWait     time.Duration
 	AdminToken    string
 	FaultHook     string // lab builds only: see faulthook_lab.go
 }
@@ -113,6 +115,18 @@ var settings = []setting{
 	}},
 	{"OVERSOLD_WORK_DELAY", "0", "simulated work inside the critical section", func(c *config, v string) (err error) {
 		c.WorkDelay, err = duration(v, true)
+		return err
+	}},
+	{"OVERSOLD_BATCH_MAX", "64", "most orders of one SKU sold under one lock grant, in one transaction (1: no coalescing)", func(c *config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return fmt.Errorf("%q is not a whole number from 1 to 1000", v)
+		}
+		c.BatchMax = n
+		return nil
+	}},
+	{"OVERSOLD_BATCH_WAIT", "0", "how long a granted lock waits for more orders to join its batch", func(c *config, v string) (err error) {
+		c.BatchWait, err = duration(v, true)
 		return err
 	}},
 	{"OVERSOLD_ADMIN_TOKEN", "", "bearer token for admin routes; empty disables them", func(c *config, v string) error {

@@ -86,6 +86,9 @@ func TestConfigErrors(t *testing.T) {
 		{nil, env("OVERSOLD_LOCK_TTL", "10"), `OVERSOLD_LOCK_TTL: time: missing unit in duration "10"`},
 		{nil, env("OVERSOLD_LOCK_WAIT", "0s"), `OVERSOLD_LOCK_WAIT: must be greater than 0`},
 		{nil, env("OVERSOLD_WORK_DELAY", "-5ms"), `OVERSOLD_WORK_DELAY: -5ms is negative`},
+		{nil, env("OVERSOLD_BATCH_MAX", "0"), `OVERSOLD_BATCH_MAX: "0" is not a whole number from 1 to 1000`},
+		{[]string{"--batch-max", "x"}, env(), `OVERSOLD_BATCH_MAX: "x" is not a whole number from 1 to 1000`},
+		{nil, env("OVERSOLD_BATCH_WAIT", "soon"), `OVERSOLD_BATCH_WAIT: time: invalid duration "soon"`},
 		{nil, env("OVERSOLD_ADDR", "8080"), `OVERSOLD_ADDR: address 8080: missing port in address`},
 		{nil, env("OVERSOLD_ADDR", ":99999"), `OVERSOLD_ADDR: address ":99999": bad port "99999"`},
 		{nil, env("OVERSOLD_REDIS_ADDR", "localhost"), `OVERSOLD_REDIS_ADDR: redis address "localhost": address localhost: missing port in address`},
@@ -137,7 +140,7 @@ func TestFlagNames(t *testing.T) {
 		got = append(got, flagName(s.env))
 	}
 	want := []string{"addr", "instance", "mysql-dsn", "redis-addr", "redlock-addrs", "zk-servers", "etcd-endpoints",
-		"lock", "guard", "lock-ttl", "lock-wait", "work-delay", "admin-token"}
+		"lock", "guard", "lock-ttl", "lock-wait", "work-delay", "batch-max", "batch-wait", "admin-token"}
 	if faultHooks {
 		want = append(want, "fault-hook")
 	}

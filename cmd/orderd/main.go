@@ -143,6 +143,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		Guard:      cfg.Guard,
 		LockWait:   cfg.LockWait,
 		WorkDelay:  cfg.WorkDelay,
+		BatchMax:   cfg.BatchMax,
+		BatchWait:  cfg.BatchWait,
 		AdminToken: cfg.AdminToken,
 		Logger:     base,
 		Metrics:    metrics,
@@ -167,7 +169,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("orderd listening", "addr", ln.Addr().String(), "lock", cfg.Lock, "guard", cfg.Guard,
 		"mysql", storage.MaskDSN(cfg.MySQLDSN), "redis", cfg.RedisAddr,
-		"lock_wait", cfg.LockWait.String(), "work_delay", cfg.WorkDelay.String(), "admin", cfg.AdminToken != "")
+		"lock_wait", cfg.LockWait.String(), "work_delay", cfg.WorkDelay.String(), "batch_max", cfg.BatchMax, "batch_wait", cfg.BatchWait.String(), "admin", cfg.AdminToken != "")
 
 	select {
 	case err := <-served:
