@@ -32,6 +32,10 @@ type FleetConfig struct {
 // by one; Stop ends them all.
 type Fleet struct {
 	Replicas []*Replica
+
+	cfg   FleetConfig
+	mu    sync.Mutex // Add's: it may run concurrently with itself
+	names int        // replicas named so far
 }
 
 // Replica is one orderd OS process on its own loopback port.
@@ -64,22 +68,13 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	f := &Fleet{}
+	f := &Fleet{cfg: cfg}
 	for i := range cfg.Replicas {
-		port, err := freePort()
+		r, err := f.newReplica(cfg.env(i))
 		if err != nil {
-			return nil, fmt.Errorf("fleet: %w", err)
+			return nil, err
 		}
-		name := fmt.Sprintf("r%d", i+1)
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		f.Replicas = append(f.Replicas, &Replica{
-			Name: name,
-			URL:  "http://" + addr,
-			Log:  filepath.Join(cfg.LogDir, name+".log"),
-			cfg:  cfg,
-			env:  cfg.env(i),
-			addr: addr,
-		})
+		f.Replicas = append(f.Replicas, r)
 	}
 	errs := make([]error, len(f.Replicas))
 	var wg sync.WaitGroup
@@ -94,6 +89,54 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// newReplica names the next replica and picks its port.
+func (f *Fleet) newReplica(env map[string]string) (*Replica, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	f.mu.Lock()
+	f.names++
+	name := fmt.Sprintf("r%d", f.names)
+	f.mu.Unlock()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	return &Replica{
+		Name: name,
+		URL:  "http://" + addr,
+		Log:  filepath.Join(f.cfg.LogDir, name+".log"),
+		cfg:  f.cfg,
+		env:  env,
+		addr: addr,
+	}, nil
+}
+
+// Add starts one more replica, as a rolling update's newcomer does, with
+// over added to or overriding the fleet's Env, and waits until it answers
+// /readyz. It joins Replicas only then; a newcomer that fails is returned,
+// stopped, with the error. Adds may run at once; nothing else may run
+// with them.
+func (f *Fleet) Add(ctx context.Context, over map[string]string) (*Replica, error) {
+	env := maps.Clone(f.cfg.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, over)
+	r, err := f.newReplica(env)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Start(ctx); err != nil {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = r.Stop(stopCtx)
+		return r, err
+	}
+	f.mu.Lock()
+	f.Replicas = append(f.Replicas, r)
+	f.mu.Unlock()
+	return r, nil
 }
 
 // env is replica i's settings: Env, then Each[i] over it.

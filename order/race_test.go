@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -163,47 +162,4 @@ func abs(n int64) int64 {
 		return -n
 	}
 	return n
-}
-
-// TestMixedSettings: replicas of one database with different lock or guard
-// settings make each other unready, naming both; once the odd one stops,
-// the other is ready again.
-func TestMixedSettings(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	ctx := t.Context()
-	a := f.service(local.New(), order.Config{Instance: "ra", Lock: "local", Guard: storage.GuardVersion})
-	b := f.service(nil, order.Config{Instance: "rb", Guard: storage.GuardNone})
-	c := f.service(local.New(), order.Config{Instance: "rc", Lock: "local", Guard: storage.GuardVersion})
-	for _, s := range []*order.Service{a, b, c} {
-		if err := s.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-	}
-
-	rec := call(a.Handler(), http.MethodGet, "/readyz", "")
-	want := "replica rb runs lock=none guard=none, this one lock=local guard=version"
-	if code := errorCode(t, rec); rec.Code != 503 || code != "unavailable" || !strings.Contains(rec.Body.String(), want) {
-		t.Errorf("readyz of ra = %d %s, want 503 naming %q", rec.Code, rec.Body, want)
-	}
-	if strings.Contains(rec.Body.String(), "replica rc") {
-		t.Errorf("readyz of ra names rc, which runs the same settings: %s", rec.Body)
-	}
-	rec = call(b.Handler(), http.MethodGet, "/readyz", "")
-	for _, want := range []string{
-		"replica ra runs lock=local guard=version, this one lock=none guard=none",
-		"replica rc runs lock=local guard=version, this one lock=none guard=none",
-	} {
-		if rec.Code != 503 || !strings.Contains(rec.Body.String(), want) {
-			t.Errorf("readyz of rb = %d %s, want 503 naming %q", rec.Code, rec.Body, want)
-		}
-	}
-
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if rec := call(a.Handler(), http.MethodGet, "/readyz", ""); rec.Code != 200 {
-		t.Errorf("readyz of ra after rb stopped = %d %s, want 200", rec.Code, rec.Body)
-	}
 }

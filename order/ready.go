@@ -23,14 +23,42 @@ const (
 	readyTimeout = 2 * time.Second
 )
 
+// ErrMixedSettings: a live replica of the database runs another lock or
+// guard. Behind one balancer they would not protect the same stock the same
+// way (a bug seen in peer projects).
+var ErrMixedSettings = errors.New("replicas of one database run other settings")
+
 // Start announces this replica in the replicas table, with its lock and
-// guard, and keeps heartbeating until Close. Replicas of one database that
-// run different settings make each other unready: behind one balancer they
-// would not protect the same stock the same way (a bug seen in peer
-// projects).
+// guard, and keeps heartbeating until Close. A replica that finds a live
+// replica with other settings is the newcomer: Start withdraws it and
+// returns ErrMixedSettings, and the replicas already serving go on. So a
+// rolling update that changes the lock or guard stalls with the old
+// replicas serving, and one that keeps them completes (docs/design.md,
+// "Rolling updates"). A dead replica's row stops counting liveWithin after
+// its last heartbeat.
+//
+// Announcing before looking makes two newcomers with other settings that
+// start at once safe: the later of the two lookups sees the other's row, so
+// at least one of them withdraws (both may, and then retry).
 func (s *Service) Start(ctx context.Context) error {
+	// A restart under the same name starts afresh: an older started_at is
+	// precedence it did not earn (see checkPeers).
+	if err := s.store.RemoveReplica(ctx, s.cfg.Instance); err != nil {
+		return fmt.Errorf("announce replica %q: %w", s.cfg.Instance, err)
+	}
 	if err := s.store.Heartbeat(ctx, s.replica()); err != nil {
 		return fmt.Errorf("announce replica %q: %w", s.cfg.Instance, err)
+	}
+	if mixed, err := s.mixedPeers(ctx, false); err != nil || len(mixed) > 0 {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
+		defer cancel()
+		if rerr := s.store.RemoveReplica(rctx, s.cfg.Instance); rerr != nil {
+			s.log.Warn("withdrawing replica failed", "err", rerr)
+		}
+		if err != nil {
+			return fmt.Errorf("announce replica %q: %w", s.cfg.Instance, err)
+		}
+		return fmt.Errorf("%w: %s", ErrMixedSettings, strings.Join(mixed, "; "))
 	}
 	s.heartbeat.Go(func() {
 		t := time.NewTicker(heartbeatEvery)
@@ -71,10 +99,11 @@ func (s *Service) replica() storage.Replica {
 }
 
 // readyz: GET /readyz. 200 when MySQL and the lock backend answer and no
-// live replica of the database runs other settings, with "cache":
-// "degraded" when Redis does not answer (orders then read MySQL); else 503
-// naming every failure. The answer names components and settings only:
-// the errors themselves, with addresses and driver text, go to the log.
+// live replica of the database that started earlier runs other settings,
+// with "cache": "degraded" when Redis does not answer (orders then read
+// MySQL); else 503 naming every failure. The answer names components and
+// settings only: the errors themselves, with addresses and driver text, go
+// to the log.
 func (s *Service) readyz(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), readyTimeout)
 	defer cancel()
@@ -132,23 +161,56 @@ func (s *Service) probeLock(ctx context.Context) error {
 	return lease.Release(rctx)
 }
 
-// checkPeers names every live replica of this database running another lock
-// or guard.
+// checkPeers fails when a live replica with another lock or guard started
+// before this one: only the newcomer of a mixed pair is unready, so the
+// replicas serving stay in the balancer. Start refuses such a newcomer; this
+// catches what Start could not see (a replica whose heartbeats had lapsed,
+// paused or cut off from MySQL, that comes back).
 func (s *Service) checkPeers(ctx context.Context) error {
-	peers, err := s.store.LiveReplicas(ctx, liveWithin)
+	mixed, err := s.mixedPeers(ctx, true)
 	if err != nil {
 		s.log.Warn("replicas table unreadable", "err", err)
 		return errors.New("replicas table")
-	}
-	var mixed []string
-	for _, p := range peers {
-		if p.Instance != s.cfg.Instance && (p.Lock != s.cfg.Lock || p.Guard != string(s.cfg.Guard)) {
-			mixed = append(mixed, fmt.Sprintf("replica %s runs lock=%s guard=%s, this one lock=%s guard=%s",
-				p.Instance, p.Lock, p.Guard, s.cfg.Lock, s.cfg.Guard))
-		}
 	}
 	if len(mixed) > 0 {
 		return errors.New(strings.Join(mixed, "; "))
 	}
 	return nil
+}
+
+// mixedPeers describes the live replicas of this database that run another
+// lock or guard; with olderOnly, only those that started before this one
+// (by started_at, then instance name; a replica whose own row is missing is
+// the newest).
+func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, error) {
+	peers, err := s.store.LiveReplicas(ctx, liveWithin)
+	if err != nil {
+		return nil, err
+	}
+	self := -1
+	for i, p := range peers {
+		if p.Instance == s.cfg.Instance {
+			self = i
+		}
+	}
+	var mixed []string
+	for i, p := range peers {
+		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard)) {
+			continue
+		}
+		if olderOnly && self >= 0 && !older(p, peers[self]) {
+			continue
+		}
+		mixed = append(mixed, fmt.Sprintf("live replica %s runs lock=%s guard=%s, this one lock=%s guard=%s",
+			p.Instance, p.Lock, p.Guard, s.cfg.Lock, s.cfg.Guard))
+	}
+	return mixed, nil
+}
+
+// older reports whether a started before b.
+func older(a, b storage.Replica) bool {
+	if !a.StartedAt.Equal(b.StartedAt) {
+		return a.StartedAt.Before(b.StartedAt)
+	}
+	return a.Instance < b.Instance
 }

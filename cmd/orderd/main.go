@@ -151,6 +151,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		FaultHook:  faultHook(cfg.FaultHook, cfg.Instance, log),
 	})
 	if err := svc.Start(start); err != nil {
+		if errors.Is(err, order.ErrMixedSettings) {
+			// The newcomer of a rollout that changes these: the replicas
+			// already serving go on (docs/design.md, "Rolling updates").
+			return &configError{Var: "OVERSOLD_LOCK, OVERSOLD_GUARD", Err: err}
+		}
 		return err
 	}
 	defer svc.Close()

@@ -1,0 +1,120 @@
+package order_test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/locking/local"
+	"github.com/oversold-lab/oversold/order"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// TestMixedSettings: a replica that finds live replicas of its database
+// with another lock or guard is the newcomer: it refuses to start, naming
+// them, and leaves no row; the replicas serving stay ready. A newcomer that
+// slipped past that (its row written without Start, as a replica whose
+// heartbeats had lapsed and came back) is unready and does not make the
+// older ones unready.
+func TestMixedSettings(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	same := order.Config{Lock: "local", Guard: storage.GuardVersion}
+	var serving []*order.Service
+	for _, name := range []string{"ra", "rc"} {
+		cfg := same
+		cfg.Instance = name
+		s := f.service(local.New(), cfg)
+		if err := s.Start(ctx); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		t.Cleanup(func() { s.Close() })
+		serving = append(serving, s)
+	}
+
+	b := f.service(nil, order.Config{Instance: "rb", Guard: storage.GuardNone})
+	err := b.Start(ctx)
+	for _, want := range []string{
+		"live replica ra runs lock=local guard=version, this one lock=none guard=none",
+		"live replica rc runs lock=local guard=version, this one lock=none guard=none",
+	} {
+		if !errors.Is(err, order.ErrMixedSettings) || !strings.Contains(err.Error(), want) {
+			t.Errorf("start of rb = %v, want ErrMixedSettings naming %q", err, want)
+		}
+	}
+	if names := live(t, f); names != "ra rc" {
+		t.Errorf("live replicas after rb refused: %q, want ra rc", names)
+	}
+	ready := func(s *order.Service) (int, string) {
+		rec := call(s.Handler(), http.MethodGet, "/readyz", "")
+		return rec.Code, rec.Body.String()
+	}
+	for _, s := range serving {
+		if code, body := ready(s); code != 200 {
+			t.Errorf("readyz of a serving replica after rb was refused = %d %s, want 200", code, body)
+		}
+	}
+
+	// rb's row without Start: the later replica of the mixed pair.
+	if err := f.store.Heartbeat(ctx, storage.Replica{Instance: "rb", Lock: "none", Guard: "none"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range serving {
+		if code, body := ready(s); code != 200 {
+			t.Errorf("readyz of an older replica with rb live = %d %s, want 200", code, body)
+		}
+	}
+	if code, body := ready(b); code != 503 || !strings.Contains(body, "live replica ra runs lock=local guard=version") {
+		t.Errorf("readyz of rb = %d %s, want 503 naming ra", code, body)
+	}
+}
+
+// TestMixedNewcomersAtOnce: two replicas with other settings that start at
+// once on an empty table never both start (each announces itself before it
+// looks, so the later look sees the other).
+func TestMixedNewcomersAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for round := range 20 {
+		x := f.service(local.New(), order.Config{Instance: "x", Lock: "local", Guard: storage.GuardVersion})
+		y := f.service(nil, order.Config{Instance: "y", Guard: storage.GuardAtomic})
+		start := make(chan struct{})
+		var errX, errY error
+		var wg sync.WaitGroup
+		wg.Go(func() { <-start; errX = x.Start(t.Context()) })
+		wg.Go(func() { <-start; errY = y.Start(t.Context()) })
+		close(start)
+		wg.Wait()
+		if errX == nil && errY == nil {
+			t.Fatalf("round %d: both started, with lock=local guard=version and lock=none guard=atomic", round)
+		}
+		for _, err := range []error{errX, errY} {
+			if err != nil && !errors.Is(err, order.ErrMixedSettings) {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		x.Close()
+		y.Close()
+		if names := live(t, f); names != "" {
+			t.Fatalf("round %d: rows left after both closed: %q", round, names)
+		}
+	}
+}
+
+// live names the live replicas of f's database, in order.
+func live(t *testing.T, f *fixture) string {
+	t.Helper()
+	rs, err := f.store.LiveReplicas(t.Context(), 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, r := range rs {
+		names = append(names, r.Instance)
+	}
+	return strings.Join(names, " ")
+}
