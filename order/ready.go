@@ -33,7 +33,7 @@ var ErrMixedSettings = errors.New("replicas of one database run other settings")
 // replica with other settings is the newcomer: Start withdraws it and
 // returns ErrMixedSettings, and the replicas already serving go on. So a
 // rolling update that changes the lock or guard stalls with the old
-// replicas serving, and one that keeps them completes (docs/design.md,
+// replicas serving, and one that keeps them completes (deploy/k8s/README.md,
 // "Rolling updates"). A dead replica's row stops counting liveWithin after
 // its last heartbeat.
 //

@@ -153,7 +153,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err := svc.Start(start); err != nil {
 		if errors.Is(err, order.ErrMixedSettings) {
 			// The newcomer of a rollout that changes these: the replicas
-			// already serving go on (docs/design.md, "Rolling updates").
+			// already serving go on (deploy/k8s/README.md, "Rolling updates").
 			return &configError{Var: "OVERSOLD_LOCK, OVERSOLD_GUARD", Err: err}
 		}
 		return err
