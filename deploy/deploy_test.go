@@ -21,33 +21,37 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/go-sql-driver/mysql"
 	"sigs.k8s.io/yaml"
+
+	"github.com/oversold-lab/oversold/internal/designdoc"
 )
 
-// designVars is DESIGN.md's orderd configuration table: the only variables
-// orderd accepts, so the only ones a deployment may give it.
-var designVars = []string{
-	"OVERSOLD_ADDR",
-	"OVERSOLD_INSTANCE",
-	"OVERSOLD_MYSQL_DSN",
-	"OVERSOLD_REDIS_ADDR",
-	"OVERSOLD_REDLOCK_ADDRS",
-	"OVERSOLD_ZK_SERVERS",
-	"OVERSOLD_ETCD_ENDPOINTS",
-	"OVERSOLD_LOCK",
-	"OVERSOLD_GUARD",
-	"OVERSOLD_LOCK_TTL",
-	"OVERSOLD_LOCK_WAIT",
-	"OVERSOLD_WORK_DELAY",
-	"OVERSOLD_ADMIN_TOKEN",
+// designVars is docs/design.md's orderd configuration table, read from the
+// document: the only variables orderd accepts, so the only ones a deployment
+// may give it. designLocks and designGuards are the values the table allows
+// for OVERSOLD_LOCK and OVERSOLD_GUARD.
+var designVars, designLocks, designGuards = readDesign()
+
+func readDesign() (vars, locks, guards []string) {
+	rows, err := designdoc.ConfigTable()
+	if err != nil {
+		panic(err)
+	}
+	for _, r := range rows {
+		vars = append(vars, r.Variable)
+		switch r.Variable {
+		case "OVERSOLD_LOCK":
+			locks = strings.Split(r.Meaning, ", ")
+		case "OVERSOLD_GUARD":
+			guards = strings.Split(r.Meaning, ", ")
+		}
+	}
+	if len(locks) < 2 || len(guards) < 2 {
+		panic(fmt.Sprintf("docs/design.md: no values listed for OVERSOLD_LOCK (%q) or OVERSOLD_GUARD (%q)", locks, guards))
+	}
+	return vars, locks, guards
 }
 
-// The values DESIGN.md allows for OVERSOLD_LOCK and OVERSOLD_GUARD.
-var (
-	designLocks  = []string{"none", "local", "redis", "redlock", "zookeeper", "mysql", "etcd"}
-	designGuards = []string{"none", "version", "fencing", "atomic"}
-)
-
-// The routes of DESIGN.md's HTTP API that probes use.
+// The routes of docs/design.md's HTTP API that probes use.
 const (
 	readyPath  = "/readyz"
 	healthPath = "/healthz"
@@ -126,7 +130,7 @@ func checkStack(p *types.Project, f stackFiles) []string {
 		env := environment(p.Services[name])
 		for key := range env {
 			if !slices.Contains(designVars, key) {
-				add("%s: variable %s is not in DESIGN.md's configuration table", name, key)
+				add("%s: variable %s is not in docs/design.md's configuration table", name, key)
 			}
 		}
 		inst := env["OVERSOLD_INSTANCE"]
@@ -395,14 +399,14 @@ func TestComposeWiring(t *testing.T) {
 			want:  `share OVERSOLD_INSTANCE="orderd1"`,
 		},
 		{
-			name:  "lock unknown to DESIGN.md",
+			name:  "lock unknown to docs/design.md",
 			edits: []edit{{"env", "OVERSOLD_LOCK=redis", "OVERSOLD_LOCK=consul"}},
 			want:  `OVERSOLD_LOCK="consul" is not one of`,
 		},
 		{
 			name:  "variable outside the configuration table",
 			edits: []edit{{"compose", `  OVERSOLD_LOCK_WAIT: "5s"`, "  OVERSOLD_LOCK_WAIT: \"5s\"\n  OVERSOLD_LOCK_TIMEOUT: \"5s\""}},
-			want:  "variable OVERSOLD_LOCK_TIMEOUT is not in DESIGN.md",
+			want:  "variable OVERSOLD_LOCK_TIMEOUT is not in docs/design.md",
 		},
 		{
 			name:  "address naming no service",

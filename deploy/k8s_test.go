@@ -114,7 +114,7 @@ func checkManifests(files map[string]string) []string {
 		configMaps[cm.Name] = cm
 		for key := range cm.Data {
 			if !slices.Contains(designVars, key) {
-				add("ConfigMap %s: key %s is not in DESIGN.md's configuration table", cm.Name, key)
+				add("ConfigMap %s: key %s is not in docs/design.md's configuration table", cm.Name, key)
 			}
 		}
 	}
@@ -138,13 +138,13 @@ func checkManifests(files map[string]string) []string {
 		}
 		for _, e := range c.Env {
 			if !slices.Contains(designVars, e.Name) {
-				add("%s: env %s is not in DESIGN.md's configuration table", where, e.Name)
+				add("%s: env %s is not in docs/design.md's configuration table", where, e.Name)
 			}
 			settings[e.Name] = e.Value
 		}
 		for key := range settings {
 			if !slices.Contains(designVars, key) {
-				add("%s: gets %s, which is not in DESIGN.md's configuration table", where, key)
+				add("%s: gets %s, which is not in docs/design.md's configuration table", where, key)
 			}
 		}
 		if lock := settings["OVERSOLD_LOCK"]; !slices.Contains(designLocks, lock) {
@@ -241,7 +241,7 @@ func readManifests(t *testing.T) map[string]string {
 }
 
 // TestKubernetesManifests decodes deploy/k8s strictly into k8s.io/api types
-// and checks that the objects fit together and match DESIGN.md.
+// and checks that the objects fit together and match docs/design.md.
 func TestKubernetesManifests(t *testing.T) {
 	files := readManifests(t)
 	for _, problem := range checkManifests(files) {
@@ -260,7 +260,7 @@ func TestKubernetesManifests(t *testing.T) {
 		{"readiness on another route", "deployment.yaml", "path: /readyz", "path: /ready", `path "/ready", want /readyz`},
 		{"liveness on readiness route", "deployment.yaml", "path: /healthz", "path: /readyz", `path "/readyz", want /healthz`},
 		{"probe on an undeclared port", "deployment.yaml", "              port: http\n", "              port: metrics\n", "port metrics is no container port"},
-		{"variable outside the table", "configmap.yaml", "  OVERSOLD_LOCK_WAIT: \"5s\"\n", "  OVERSOLD_LOCK_WAIT: \"5s\"\n  OVERSOLD_LOCK_TIMEOUT: \"5s\"\n", "key OVERSOLD_LOCK_TIMEOUT is not in DESIGN.md"},
+		{"variable outside the table", "configmap.yaml", "  OVERSOLD_LOCK_WAIT: \"5s\"\n", "  OVERSOLD_LOCK_WAIT: \"5s\"\n  OVERSOLD_LOCK_TIMEOUT: \"5s\"\n", "key OVERSOLD_LOCK_TIMEOUT is not in docs/design.md"},
 		{"unknown backend", "configmap.yaml", `OVERSOLD_LOCK: "redis"`, `OVERSOLD_LOCK: "consul"`, `OVERSOLD_LOCK="consul"`},
 		{"bad etcd endpoint", "configmap.yaml", "http://etcd-0.etcd:2379", "grpc://etcd-0.etcd:2379", "want http:// or https://"},
 		{"HPA on another target", "hpa.yaml", "    kind: Deployment\n    name: orderd\n", "    kind: Deployment\n    name: order\n", "HorizontalPodAutoscaler orderd: targets"},
@@ -311,7 +311,7 @@ func TestKubernetesReadmeFormats(t *testing.T) {
 	for _, m := range example.FindAllStringSubmatch(readme, -1) {
 		key, value := m[1], m[2]
 		if !slices.Contains(designVars, key) {
-			t.Errorf("k8s/README.md: %s is not in DESIGN.md's configuration table", key)
+			t.Errorf("k8s/README.md: %s is not in docs/design.md's configuration table", key)
 			continue
 		}
 		if !slices.Contains(serverVars, key) {

@@ -38,9 +38,10 @@ const (
 	composeReplica = "orderd1"
 )
 
-// designBackends are the lock backends of DESIGN.md: each must be in
-// locking/backends and start orderd with the compose environment.
-var designBackends = []string{"local", "redis", "redlock", "zookeeper", "mysql", "etcd"}
+// designBackends are the lock backends of docs/design.md (its OVERSOLD_LOCK
+// values but none): each must be in locking/backends and start orderd with
+// the compose environment.
+var designBackends = slices.DeleteFunc(slices.Clone(designLocks), func(name string) bool { return name == "none" })
 
 // kept are the settings of the compose environment the test must pass to
 // orderd exactly as compose gives them; a server address or the listen

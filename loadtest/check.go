@@ -22,7 +22,7 @@ type Expect struct {
 	Acked        []string // ids of the orders acknowledged with 201
 }
 
-// Invariants is what MySQL holds after a run, against DESIGN.md's
+// Invariants is what MySQL holds after a run, against docs/design.md's
 // invariants. Stock figures are summed over the run's SKUs; Oversold and
 // LostUpdates are computed per SKU and then summed, so one SKU's oversell is
 // never hidden by another's undersell.

@@ -63,7 +63,7 @@ func WriteReport(dir string, rep Report) error {
 	return nil
 }
 
-// WriteJSON writes results as DESIGN.md's list of runs, indented. An empty
+// WriteJSON writes results as docs/design.md's list of runs, indented. An empty
 // list is [], never null.
 func WriteJSON(w io.Writer, results []Result) error {
 	if results == nil {

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// designRun is DESIGN.md's example run, verbatim: the contract.
+// designRun is docs/design.md's example run, verbatim: the contract.
 const designRun = `{"backend": "redis", "guard": "none", "replicas": 3, "fault": "",
  "requests": 600, "status": {"201": 100, "409": 500},
  "initial_stock": 100, "final_stock": 0, "ordered_quantity": 100,

@@ -6,7 +6,7 @@ import (
 )
 
 // Result is one run of the lab: what was asked, what the client saw, what
-// MySQL holds afterwards. Its JSON is the run schema of DESIGN.md; the fields
+// MySQL holds afterwards. Its JSON is the run schema of docs/design.md; the fields
 // after LatencyMS are additions, never renames.
 type Result struct {
 	Backend         string         `json:"backend"`

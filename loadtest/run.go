@@ -68,7 +68,7 @@ type Fault struct {
 
 // TokenlessBackends have no fencing token safe across replicas: guard
 // fencing does not apply to them (orderd refuses the pair at start). Local's
-// token counts per process only; redlock has none that is safe (DESIGN.md).
+// token counts per process only; redlock has none that is safe (docs/design.md).
 var TokenlessBackends = []string{"none", "local", "redlock"}
 
 // Applies reports whether the fault makes sense for backend.
@@ -487,7 +487,7 @@ func (rn *Runner) load(ctx context.Context, run *Run, fault Fault, spec AttackSp
 	return atk, err
 }
 
-// replicaEnv is orderd's configuration for spec (DESIGN.md's variables).
+// replicaEnv is orderd's configuration for spec (docs/design.md's variables).
 func (rn *Runner) replicaEnv(spec Spec, srv Servers) map[string]string {
 	env := map[string]string{
 		"OVERSOLD_LOCK":        spec.Backend,

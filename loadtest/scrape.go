@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// The replica metrics the lab reads (DESIGN.md, orderd's /metrics).
+// The replica metrics the lab reads (docs/design.md, orderd's /metrics).
 const (
 	metricLockWait   = "oversold_lock_wait_seconds"
 	metricLockHold   = "oversold_lock_hold_seconds"

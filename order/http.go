@@ -21,7 +21,7 @@ import (
 	"github.com/oversold-lab/oversold/storage"
 )
 
-// API limits of DESIGN.md.
+// API limits of docs/design.md.
 const (
 	maxBody        = 64 << 10
 	maxQuantity    = 1000

@@ -15,7 +15,7 @@ import (
 	"github.com/oversold-lab/oversold/storage"
 )
 
-// TestAPI walks every route and status of DESIGN.md through the real echo
+// TestAPI walks every route and status of docs/design.md through the real echo
 // handler on real MariaDB and Redis.
 func TestAPI(t *testing.T) {
 	t.Parallel()

@@ -1,6 +1,6 @@
 // Package order is oversold's order flow and its HTTP API (echo).
 //
-// Service.Place runs the flow of DESIGN.md, one step per line of placeOnce:
+// Service.Place runs the flow of docs/design.md, one step per line of placeOnce:
 //
 //  1. replay: an order with the same Idempotency-Key exists: return it
 //  2. lease := Locker.Acquire(ctx, "sku/"+sku)        (no Locker: lock=none)
@@ -14,7 +14,7 @@
 // The package declares the small interfaces it needs (Store, Cache, Locker);
 // storage, inventory and locking satisfy them.
 //
-// Service.Handler serves the API of DESIGN.md. Choices DESIGN.md leaves
+// Service.Handler serves the API of docs/design.md. Choices docs/design.md leaves
 // open, made here:
 //
 //   - Admin routes with an empty admin token answer 401 unauthorized, like a

@@ -80,7 +80,7 @@ func TestIdempotencyUnderConcurrency(t *testing.T) {
 // each with its own in-process lock, share one MariaDB and one Redis. 120
 // orders of one unit arrive at once for a SKU with 20 in stock, with 5ms of
 // work inside the critical section. The invariants are computed from MySQL
-// as DESIGN.md defines them.
+// as docs/design.md defines them.
 func TestOversell(t *testing.T) {
 	t.Parallel()
 	const (

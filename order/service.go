@@ -90,7 +90,7 @@ const (
 	HookBeforeCommit HookPoint = "before-commit"
 	// HookBeforeCache: step 6 committed, step 7's cache update not done
 	// yet: a holder paused here leaves the cache behind MySQL, the limit of
-	// the fencing guard that DESIGN.md admits.
+	// the fencing guard that docs/design.md admits.
 	HookBeforeCache HookPoint = "before-cache"
 	// HookAfterCommit: step 6 committed and step 7 done, before the
 	// release and the reply.
@@ -164,7 +164,7 @@ func New(store Store, cache Cache, locker Locker, cfg Config) *Service {
 // Handler is the HTTP API.
 func (s *Service) Handler() http.Handler { return s.handler }
 
-// Place places an order, running the flow of DESIGN.md. replayed reports an
+// Place places an order, running the flow of docs/design.md. replayed reports an
 // order placed earlier with the same key. A version conflict retries the
 // whole flow, from the replay check on, up to maxAttempts times.
 func (s *Service) Place(ctx context.Context, req Request) (o Order, replayed bool, err error) {

@@ -76,7 +76,7 @@ func (Replica) TableName() string { return "replicas" }
 // Guard is the condition the stock write of step 6 is made under.
 type Guard string
 
-// The four guards of DESIGN.md.
+// The four guards of docs/design.md.
 const (
 	GuardNone    Guard = "none"    // trust the lock alone
 	GuardVersion Guard = "version" // optimistic: the row's version must be the one read

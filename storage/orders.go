@@ -154,7 +154,7 @@ func insertOrder(tx *gorm.DB, w Write) error {
 	return err
 }
 
-// guardedUpdate runs the guard's write, exactly as DESIGN.md states it, and
+// guardedUpdate runs the guard's write, exactly as docs/design.md states it, and
 // returns the row's new version and whether the row changed. All four also
 // bump version (the cache orders its entries by it) through
 // LAST_INSERT_ID(version + 1): MySQL then returns the new version as the
@@ -306,7 +306,7 @@ func (s *Store) PutInventory(ctx context.Context, p Put) (Inventory, error) {
 }
 
 // Audit is what MySQL holds for one SKU, to check the invariants of
-// DESIGN.md after a run.
+// docs/design.md after a run.
 type Audit struct {
 	Stock   int64 // current stock
 	Ordered int64 // sum of the quantities of its orders

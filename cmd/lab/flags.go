@@ -30,7 +30,7 @@ type config struct {
 	skus             int
 	lockTTL          time.Duration
 	servers          servers // given by address; the rest are started
-	topology         string  // "single" or "cluster": what the lab starts (DESIGN.md)
+	topology         string  // "single" or "cluster": what the lab starts (docs/design.md)
 	target           string  // replicas already running behind this URL
 	orderd           string  // a prebuilt orderd; "" builds ./cmd/orderd
 	keep             bool

@@ -56,7 +56,7 @@ import (
 	"github.com/oversold-lab/oversold/loadtest/faults"
 )
 
-// Exit statuses (DESIGN.md).
+// Exit statuses (docs/design.md).
 const (
 	exitRan         = 0
 	exitCouldNotRun = 1

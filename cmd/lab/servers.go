@@ -24,7 +24,7 @@ const (
 
 var serverKinds = []string{kindMySQL, kindRedis, kindRedlock, kindZK, kindEtcd}
 
-// defaultTargetDSN is orderd's own default (DESIGN.md): where the checker
+// defaultTargetDSN is orderd's own default (docs/design.md): where the checker
 // looks for MySQL when --target is given without mysql=.
 const defaultTargetDSN = "root@tcp(127.0.0.1:3306)/oversold?parseTime=true"
 

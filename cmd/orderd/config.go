@@ -19,7 +19,7 @@ import (
 	"github.com/oversold-lab/oversold/storage"
 )
 
-// config is orderd's settings: DESIGN.md's configuration table.
+// config is orderd's settings: docs/design.md's configuration table.
 type config struct {
 	Addr          string
 	Instance      string

@@ -4,7 +4,7 @@
 //
 // Settings come from the environment and from flags of the same name
 // (OVERSOLD_LOCK_TTL is --lock-ttl; a flag wins); see orderd --help or
-// DESIGN.md. A bad setting, or a server that does not answer at start, stops
+// docs/design.md. A bad setting, or a server that does not answer at start, stops
 // orderd with one line naming the variable and exit status 2. SIGINT or
 // SIGTERM stops accepting connections and lets in-flight orders finish.
 package main

@@ -32,7 +32,7 @@ var leaseBackends = []string{"redis", "redlock", "zookeeper", "mysql", "etcd"}
 // refused, and the flow retries from a fresh read.
 func PauseHolder() loadtest.Fault { return pauseHolder(atBeforeWrite) }
 
-// PauseAfterCommit is the limit DESIGN.md admits for the fencing guard: a
+// PauseAfterCommit is the limit docs/design.md admits for the fencing guard: a
 // holder paused between its COMMIT and its cache update (step 7) past its
 // lease leaves the cache one write behind MySQL, and the next holder, with
 // a newer token, trusts that stale entry. Fencing validates only the
@@ -97,7 +97,7 @@ func pauseHolder(point string) loadtest.Fault {
 				case "version":
 					run.Eventf("the second holder read the cache entry the frozen holder had not updated: guard version validates the read, so that stale write was refused and the cache refreshed from MySQL")
 				case "fencing":
-					run.Eventf("the second holder read the cache entry the frozen holder had not updated and wrote from it with a newer token: guard fencing validates only the writer, not its read (DESIGN.md), so the frozen holder's decrement is lost")
+					run.Eventf("the second holder read the cache entry the frozen holder had not updated and wrote from it with a newer token: guard fencing validates only the writer, not its read (docs/design.md), so the frozen holder's decrement is lost")
 				default:
 					run.Eventf("the second holder read the cache entry the frozen holder had not updated and wrote from it: guard %s checks nothing, so the frozen holder's decrement is lost (guard fencing would not catch it either: it validates only the writer)", run.Spec.Guard)
 				}

@@ -163,7 +163,7 @@ const (
 // proxyReplica puts proxies between replica i and the servers of path, and
 // points the replica (only it) at them through run.ReplicaEnv. The lock path
 // of backend mysql is MariaDB itself; that of redis is also the stock cache
-// (DESIGN.md: one setting for both), so a slow redis lock path slows the
+// (docs/design.md: one setting for both), so a slow redis lock path slows the
 // replica's cache too.
 func proxyReplica(run *loadtest.Run, i int, path string) (proxies, error) {
 	if run.ReplicaEnv[i] == nil {

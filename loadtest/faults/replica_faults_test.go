@@ -45,7 +45,7 @@ func TestPauseHolder(t *testing.T) {
 	})
 }
 
-// TestPauseAfterCommit: the limit DESIGN.md admits for fencing. A holder
+// TestPauseAfterCommit: the limit docs/design.md admits for fencing. A holder
 // paused between its commit and its cache update leaves a stale cache entry
 // the next holder trusts: guard none and guard fencing lose the paused
 // holder's decrement; guard version refuses the stale read and keeps every
@@ -103,7 +103,7 @@ func TestMySQLConnectionKill(t *testing.T) {
 // back, once. Guard version must keep every invariant; guard none is run and
 // reported only: the kill also ends whatever else the victim had in flight,
 // and an order killed between its commit and its cache update leaves a
-// stale cache entry that guard none (and fencing) trusts, as DESIGN.md says.
+// stale cache entry that guard none (and fencing) trusts, as docs/design.md says.
 func TestCrashAfterCommit(t *testing.T) {
 	for _, guard := range []string{"version", "none"} {
 		t.Run("redis/"+guard, func(t *testing.T) {
