@@ -70,3 +70,26 @@ func TestRedisClusterFailover(t *testing.T) {
 		})
 	}
 }
+
+// TestZKFollowerPartition: the holder's follower cut off from the quorum
+// while it still answers the holder. The leader expires the holder's
+// session and grants the rival the lock; the holder's checks, synced
+// through the leader, fail, so it finds its lease lost and writes nothing,
+// its Lost closed before the rival's grant (no overlap): guard none stays
+// safe. With a read-only check (Exists on the follower) the holder wrote
+// beside the rival and an update was lost.
+func TestZKFollowerPartition(t *testing.T) {
+	spec := short("zk-follower-partition", "zookeeper", "none")
+	spec.LockTTL = 2 * time.Second
+	r := runFault(t, spec)
+	assertFired(t, r)
+	assertSafe(t, r)
+	if r.Overlaps != 0 {
+		t.Errorf("%s: %d overlaps: the holder's Lost closed after the rival's grant: %v", r.Name(), r.Overlaps, r.FaultEvents)
+	}
+	for _, want := range []string{"the leader expired", "found its lease lost"} {
+		if !hasEvent(r, want) {
+			t.Errorf("%s: no event says %q: %v", r.Name(), want, r.FaultEvents)
+		}
+	}
+}

@@ -27,5 +27,6 @@ func All() map[string]loadtest.Fault {
 		"zk-leader-kill":         ZKLeaderKill(),
 		"etcd-leader-kill":       EtcdLeaderKill(),
 		"redis-cluster-failover": RedisClusterFailover(),
+		"zk-follower-partition":  ZKFollowerPartition(),
 	}
 }

@@ -51,7 +51,16 @@
 //     margin, counted from the send time of the last successful check: a
 //     disconnect that long means ownership is unknown, and the server may
 //     expire the session at that moment. The shared locking.Keepalive
-//     checks (Exists on our node, every timeout/3) and keeps this clock.
+//     checks (Sync, then Exists on our node, every timeout/3) and keeps
+//     this clock.
+//
+// The check syncs through the leader before it reads: a follower cut off
+// from the quorum goes on answering its clients' reads and pings from its
+// own copy until it gives up on the leader (syncLimit ticks), while the
+// leader, which no longer hears of our session, expires it and grants the
+// lock to the next waiter. A read alone would then keep Lost open beside
+// the new holder (the lab's zk-follower-partition shows it); a sync cannot
+// complete without the leader, so the check fails and Lost closes in time.
 //
 // All leases of a Locker share its session: one expiry loses them all.
 //
@@ -542,7 +551,7 @@ func (l *Locker) grant(ctx context.Context, key, path string, sent time.Time, pe
 	if f := l.cfg.OnRenewalFailed; f != nil {
 		onFail = func(err error) { f(key, err) }
 	}
-	s.ka = locking.StartKeepalive(l.SessionTimeout(), sent, s.check, onFail)
+	s.ka = locking.StartKeepalive(trusted(l.SessionTimeout()), sent, s.check, onFail)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -790,11 +799,29 @@ func (s *lease) Key() string           { return s.key }
 func (s *lease) Token() uint64         { return s.token }
 func (s *lease) Lost() <-chan struct{} { return s.ka.Lost() }
 
+// trusted is how long a confirmed check vouches for the session: two
+// thirds of its timeout, so the keepalive checks every 2/9 of it. The
+// leader's expiry clock does not start at our check: a follower reports
+// its clients' activity to the leader in batches, on its pings (every half
+// tick), and a follower cut off right after our check never reports it.
+// The leader then counts from the last activity it heard of, which is no
+// older than the check before (it was reported: the sync of the later
+// check went through the leader), 2/9 of the timeout before ours. So the
+// leader expires the session no sooner than 7/9 of the timeout after our
+// last check, and Lost, at 6/9, closes first (with a full timeout it
+// closed up to a ping interval after the rival's grant).
+func trusted(timeout time.Duration) time.Duration { return timeout * 2 / 3 }
+
 // check is the keepalive's renewal: our node still exists and is still our
-// session's. Any answer also proves the session alive at send time.
+// session's, as the leader has it. Any answer also proves the session alive
+// at send time.
 func (s *lease) check(ctx context.Context) error {
 	l := s.locker
 	st, err := call(ctx, l, func() (*zk.Stat, error) {
+		// Through the leader: a partitioned follower still serves reads.
+		if _, err := l.conn.Sync(s.path); err != nil {
+			return nil, err
+		}
 		ok, st, err := l.conn.Exists(s.path)
 		if err == nil && !ok {
 			return nil, locking.ErrNotHeld
