@@ -12,7 +12,10 @@
 //     recreated database or another deployment's never meets its entries;
 //   - every entry expires (EntryTTL) unless written again;
 //   - a writer that knows MySQL's latest version (Settle) deletes an entry
-//     claiming a newer one, and an admin's reset (Force) overwrites it.
+//     claiming a newer one, and an admin's reset (Force) overwrites it;
+//   - a writer whose guard trusts the cached read deletes the entry before
+//     it writes (Invalidate), so a writer that dies or stalls between its
+//     commit and its cache update leaves a miss, not a stale entry.
 //
 // When Redis fails, a breaker answers ErrDown at once for a short while, so
 // a dead Redis costs the flow (which then reads MySQL) no waiting.
@@ -134,6 +137,15 @@ func (c *Cache) Settle(ctx context.Context, item Item) error {
 func (c *Cache) Force(ctx context.Context, item Item) error {
 	_, _, err := c.set(ctx, item, modeForce)
 	return err
+}
+
+// Invalidate deletes the SKU's entry: the next read goes to MySQL.
+func (c *Cache) Invalidate(ctx context.Context, sku string) error {
+	err := c.do(ctx, func(ctx context.Context) error { return c.rdb.Del(ctx, c.key(sku)).Err() })
+	if err != nil {
+		return fmt.Errorf("cache invalidate %q: %w", sku, err)
+	}
+	return nil
 }
 
 // set runs set.lua and returns the entry kept, if any.

@@ -361,3 +361,59 @@ func jsonHas(rec *httptest.ResponseRecorder, field, value string) bool {
 	var m map[string]any
 	return json.Unmarshal(rec.Body.Bytes(), &m) == nil && m[field] == value
 }
+
+// stallAfterCommit commits, then tells committed and waits for resume:
+// a holder paused or dying between its commit and its cache update.
+type stallAfterCommit struct {
+	order.Store
+	committed, resume chan struct{}
+}
+
+func (s stallAfterCommit) PlaceOrder(ctx context.Context, w storage.Write, beforeCommit func() error) (storage.Inventory, error) {
+	inv, err := s.Store.PlaceOrder(ctx, w, beforeCommit)
+	close(s.committed)
+	<-s.resume
+	return inv, err
+}
+
+// TestNoStaleEntryAfterCommit: under the guards that trust the cached read
+// (none, fencing), a holder stalled between its commit and its cache
+// update leaves no entry behind MySQL for the next holder to build on; the
+// version guard, which checks its read, keeps its entry.
+func TestNoStaleEntryAfterCommit(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	rdb, _ := redisconn.Open(f.redis)
+	defer rdb.Close()
+	for _, c := range []struct {
+		guard storage.Guard
+		entry bool // an entry may be left (it is checked by the guard)
+	}{{storage.GuardNone, false}, {storage.GuardFencing, false}, {storage.GuardVersion, true}} {
+		t.Run(string(c.guard), func(t *testing.T) {
+			sku := "stall-" + string(c.guard)
+			f.stock(sku, 5)
+			locker, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer locker.Close()
+			store := stallAfterCommit{Store: f.openStore(), committed: make(chan struct{}), resume: make(chan struct{})}
+			warm := f.service(nil, order.Config{Guard: storage.GuardAtomic}).Handler()
+			if rec := post(warm, sku, 1); rec.Code != http.StatusCreated { // fills the cache
+				t.Fatalf("warm-up: %d %s", rec.Code, rec.Body)
+			}
+			h := f.serviceWith(store, nil, locker, order.Config{Lock: "redis", Guard: c.guard}).Handler()
+			done := make(chan int)
+			go func() { done <- post(h, sku, 1).Code }()
+			<-store.committed
+			n, err := rdb.Exists(t.Context(), f.prefix+f.store.DatabaseIdentity()+":stock:"+sku).Result()
+			close(store.resume)
+			if code := <-done; code != http.StatusCreated {
+				t.Errorf("stalled order: %d", code)
+			}
+			if err != nil || (n == 1) != c.entry {
+				t.Errorf("cache entry present between commit and update: %v (%v); want %v", n == 1, err, c.entry)
+			}
+		})
+	}
+}

@@ -93,6 +93,8 @@ type Cache interface {
 	Settle(ctx context.Context, item inventory.Item) error
 	// Force caches item whatever the cache holds.
 	Force(ctx context.Context, item inventory.Item) error
+	// Invalidate deletes the SKU's entry.
+	Invalidate(ctx context.Context, sku string) error
 	Ping(ctx context.Context) error
 }
 

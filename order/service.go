@@ -271,6 +271,17 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request)
 		fail(filled, fmt.Errorf("%w before the write", ErrLockLost))
 		return out
 	}
+	// The none and fencing guards trust the cached read, so the entry goes
+	// before the write: a holder killed or paused between its commit and
+	// step 7 then leaves the next holder a miss (a read of MySQL), not a
+	// stale stock that its own write would build on. The version and
+	// atomic guards check the read in MySQL and need no such care.
+	if s.trustsCache() {
+		if err := s.cache.Invalidate(ctx, sku); err != nil {
+			fail(filled, fmt.Errorf("%w: guard %s needs the stock cache: %w", ErrUnavailable, s.cfg.Guard, err))
+			return out
+		}
+	}
 	s.hook(ctx, HookBeforeWrite, first, lease)
 
 	// 6. the guarded write and the orders, in one transaction, on a
@@ -557,11 +568,17 @@ func (s *Service) stock(ctx context.Context, sku string, lease locking.Lease) (i
 	if !errors.Is(err, inventory.ErrDown) {
 		return item, err
 	}
-	if s.cfg.Guard == storage.GuardNone || s.cfg.Guard == storage.GuardFencing {
+	if s.trustsCache() {
 		return inventory.Item{}, fmt.Errorf("%w: guard %s needs the stock cache: %w", ErrUnavailable, s.cfg.Guard, err)
 	}
 	s.metrics.cacheBypassed.Inc()
 	return s.loader(sku, lease)(ctx)
+}
+
+// trustsCache reports whether the guard writes on the cached read without
+// checking it in MySQL: none and fencing.
+func (s *Service) trustsCache() bool {
+	return s.cfg.Guard == storage.GuardNone || s.cfg.Guard == storage.GuardFencing
 }
 
 // confirm reads the SKU's stock from MySQL when the cache said there was
