@@ -66,6 +66,10 @@ func TestFaultHookBuildTag(t *testing.T) {
 	})
 }
 
+// testClient bounds every request of these tests: a hung replica fails
+// the test instead of stalling it.
+var testClient = &http.Client{Timeout: 30 * time.Second}
+
 // helpText is what bin --help prints.
 func helpText(t *testing.T, bin string) string {
 	t.Helper()
@@ -109,7 +113,7 @@ func startOrderd(t *testing.T, cmd *exec.Cmd) string {
 	}
 	base := "http://" + a
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		res, err := http.Get(base + "/readyz")
+		res, err := testClient.Get(base + "/readyz")
 		if err == nil {
 			res.Body.Close()
 			if res.StatusCode == http.StatusOK {
@@ -128,7 +132,7 @@ func put(t *testing.T, base, token, sku string, stock int) {
 	req, _ := http.NewRequest(http.MethodPut, base+"/v1/inventory/"+sku, strings.NewReader(`{"stock":`+strconv.Itoa(stock)+`}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+token)
-	res, err := http.DefaultClient.Do(req)
+	res, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +158,7 @@ func postOrder(base, sku string, quantity int, key string) (int, http.Header, st
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := testClient.Do(req)
 	if err != nil {
 		return 0, nil, err.Error()
 	}

@@ -213,14 +213,16 @@ func servesAndDrains(t *testing.T, bin string) {
 		t.Fatalf("POST = %d %s", code, body)
 	}
 
-	// The slow order: once it holds the lock (the second grant), it is in
-	// its critical section, 1.5s of work from its commit.
+	// The slow order: once it holds the lock (one grant more than so far:
+	// the PUT and the first order take it too), it is in its critical
+	// section, 1.5s of work from its commit.
+	grants := lockGrants(t, base)
 	slow := make(chan int, 1)
 	go func() {
 		code, _ := do("POST", "/v1/orders", `{"sku":"widget","quantity":2}`, "Idempotency-Key", "slow")
 		slow <- code
 	}()
-	for !strings.Contains(metrics(t, base), `oversold_lock_wait_seconds_count{lock="local",replica="e2e"} 2`) {
+	for lockGrants(t, base) == grants {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -243,6 +245,19 @@ func servesAndDrains(t *testing.T, bin string) {
 	if _, err := (&net.Dialer{Timeout: time.Second}).DialContext(context.Background(), "tcp", strings.TrimPrefix(base, "http://")); err == nil {
 		t.Errorf("still accepting connections after exit")
 	}
+}
+
+// lockGrants is the replica's count of lock waits that ended.
+func lockGrants(t *testing.T, base string) string {
+	t.Helper()
+	const series = `oversold_lock_wait_seconds_count{lock="local",replica="e2e"} `
+	m := metrics(t, base)
+	i := strings.Index(m, series)
+	if i < 0 {
+		t.Fatalf("no %s in the metrics", series)
+	}
+	n, _, _ := strings.Cut(m[i+len(series):], "\n")
+	return n
 }
 
 func metrics(t *testing.T, base string) string {
