@@ -47,15 +47,19 @@ type AttackResult struct {
 	Latency    Latency
 	OverTime   []Slice
 	OrderIDs   []string // the id of every order acknowledged with 201
-	Answers    []Answer // every answered request, in the order they ended
+	Answers    []Answer // every request, answered (Code > 0) or not, in the order they ended
 }
 
-// Answer is one answered request: which SKU, what status, when it ended.
+// Answer is one request: which SKU, what status and error code, when it
+// was sent and ended, and the replica that served it (the balancer's
+// ReplicaHeader); Code is 0 when no HTTP answer came.
 type Answer struct {
-	SKU  string
-	Code int
-	Sent time.Time
-	End  time.Time
+	SKU     string
+	Code    int
+	Error   string // the API error code of a 4xx or 5xx
+	Replica string
+	Sent    time.Time
+	End     time.Time
 }
 
 // sample is one finished request, kept until the attack ends.
@@ -112,6 +116,11 @@ func Attack(ctx context.Context, spec AttackSpec) (*AttackResult, error) {
 	samples := make([]sample, 0, spec.Requests)
 	for res := range results {
 		out.Requests++
+		a := Answer{SKU: skuOf(spec.SKUs, res.URL), Code: int(res.Code), Sent: res.Timestamp, End: res.End(), Replica: res.Headers.Get(ReplicaHeader)}
+		if res.Code >= 400 {
+			a.Error = errorCode(res.Body)
+		}
+		out.Answers = append(out.Answers, a)
 		if res.Code == 0 {
 			out.NoResponse++
 			if out.FirstError == "" {
@@ -120,7 +129,6 @@ func Attack(ctx context.Context, spec AttackSpec) (*AttackResult, error) {
 		} else {
 			out.Status[strconv.Itoa(int(res.Code))]++
 			samples = append(samples, sample{sent: res.Timestamp, latency: res.Latency, code: int(res.Code)})
-			out.Answers = append(out.Answers, Answer{SKU: skuOf(spec.SKUs, res.URL), Code: int(res.Code), Sent: res.Timestamp, End: res.End()})
 			if res.Code == http.StatusCreated {
 				out.OrderIDs = append(out.OrderIDs, orderID(res.Body))
 			}

@@ -56,9 +56,10 @@ func NewBalancer(replicas []string, conns int) (*Balancer, error) {
 	b.URL = "http://" + ln.Addr().String()
 	b.server = &http.Server{
 		Handler: &httputil.ReverseProxy{
-			Rewrite:      b.rewrite,
-			Transport:    b.transport,
-			ErrorHandler: badGateway,
+			Rewrite:        b.rewrite,
+			ModifyResponse: tagReplica,
+			Transport:      b.transport,
+			ErrorHandler:   badGateway,
 		},
 		ReadHeaderTimeout: 5 * time.Second,
 	}
@@ -74,6 +75,15 @@ func (b *Balancer) rewrite(r *httputil.ProxyRequest) {
 	n := b.next.Add(1) - 1
 	r.SetURL(b.backends[n%uint64(len(b.backends))])
 	r.SetXForwarded()
+}
+
+// ReplicaHeader names, in each answer through the balancer, the replica
+// (host:port) that served it: the history check records it.
+const ReplicaHeader = "X-Oversold-Replica"
+
+func tagReplica(resp *http.Response) error {
+	resp.Header.Set(ReplicaHeader, resp.Request.URL.Host)
+	return nil
 }
 
 // badGateway answers in the API's error shape when a replica does not.

@@ -27,26 +27,32 @@ type Result struct {
 
 	// Additions.
 
-	SKUs        int      `json:"skus"`
-	Rate        int      `json:"rate"`    // requests per second offered
-	Workers     int      `json:"workers"` // concurrent client connections at most
-	WorkDelay   string   `json:"work_delay"`
-	LockTTL     string   `json:"lock_ttl"`
-	Seed        int64    `json:"seed"`
-	Topology    string   `json:"topology,omitempty"` // "cluster" when the lock and cache servers were clusters
-	NoResponse  int      `json:"no_response"`        // requests that got no HTTP answer (timeout, refused)
-	DurationS   float64  `json:"duration_s"`         // first request sent to last answer received
-	OrdersRPS   float64  `json:"orders_rps"`         // 201s per second over the same span
-	LockWaitMS  *Wait    `json:"lock_wait_ms,omitempty"`
-	LockHoldMS  *Wait    `json:"lock_hold_ms,omitempty"`
-	Conflicts   int      `json:"guard_conflicts"`
-	LeasesLost  int      `json:"leases_lost"`
-	Safe        bool     `json:"safe"`            // ran, and every invariant held
-	Error       string   `json:"error,omitempty"` // the run could not be made
-	Notes       []string `json:"notes,omitempty"` // what else the lab saw: crashes, transport errors, lost ids
-	Phases      Phases   `json:"phases_s"`
-	OverTime    []Slice  `json:"latency_over_time,omitempty"`
-	ReplicaLogs string   `json:"replica_logs,omitempty"` // folder of the replicas' stderr
+	SKUs      int    `json:"skus"`
+	Rate      int    `json:"rate"`    // requests per second offered
+	Workers   int    `json:"workers"` // concurrent client connections at most
+	WorkDelay string `json:"work_delay"`
+	LockTTL   string `json:"lock_ttl"`
+	Seed      int64  `json:"seed"`
+	Topology  string `json:"topology,omitempty"` // "cluster" when the lock and cache servers were clusters
+	// Linearizable is Porcupine's verdict on the load's history (history.go):
+	// "linearizable", "not linearizable", or "unknown" when the check ran
+	// out of time; HistoryOps operations checked in HistoryCheckMS.
+	Linearizable   string   `json:"linearizable,omitempty"`
+	HistoryOps     int      `json:"history_ops,omitempty"`
+	HistoryCheckMS float64  `json:"history_check_ms,omitempty"`
+	NoResponse     int      `json:"no_response"` // requests that got no HTTP answer (timeout, refused)
+	DurationS      float64  `json:"duration_s"`  // first request sent to last answer received
+	OrdersRPS      float64  `json:"orders_rps"`  // 201s per second over the same span
+	LockWaitMS     *Wait    `json:"lock_wait_ms,omitempty"`
+	LockHoldMS     *Wait    `json:"lock_hold_ms,omitempty"`
+	Conflicts      int      `json:"guard_conflicts"`
+	LeasesLost     int      `json:"leases_lost"`
+	Safe           bool     `json:"safe"`            // ran, and every invariant held
+	Error          string   `json:"error,omitempty"` // the run could not be made
+	Notes          []string `json:"notes,omitempty"` // what else the lab saw: crashes, transport errors, lost ids
+	Phases         Phases   `json:"phases_s"`
+	OverTime       []Slice  `json:"latency_over_time,omitempty"`
+	ReplicaLogs    string   `json:"replica_logs,omitempty"` // folder of the replicas' stderr
 
 	// Fault runs (issue 5).
 

@@ -216,6 +216,7 @@ func (rn *Runner) Run(ctx context.Context, spec Spec, progress func(done int)) R
 	res := spec.result()
 	err := rn.run(ctx, n, spec, &res, progress)
 	res.settle(err)
+	res.compareHistory()
 	return res
 }
 
@@ -385,6 +386,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		return err
 	}
 	res.InitialStock, res.FinalStock, res.OrderedQuantity = inv.InitialStock, inv.FinalStock, inv.OrderedQuantity
+	checkHistory(ctx, rn.DB, spec, skus, atk.Answers, res)
 	res.Oversold, res.LostUpdates, res.LostAcks, res.Duplicates = inv.Oversold, inv.LostUpdates, inv.LostAcks, inv.Duplicates
 	if len(inv.MissingIDs) > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("acknowledged but not in MySQL: %q", inv.MissingIDs))
