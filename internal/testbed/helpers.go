@@ -39,10 +39,11 @@ var shared = map[string]*lazy{KindMariaDB: {}, KindZooKeeper: {}, KindEtcd: {}}
 //	func TestMain(m *testing.M) { testbed.Main(m) }
 //
 // Without it the shared servers still die with the test binary
-// (Pdeathsig), but their temp dirs stay behind.
+// (Pdeathsig, or the container reaper), but their temp dirs stay behind.
 func Main(m *testing.M) {
 	code := m.Run()
 	StopShared()
+	RemoveContainers()
 	os.Exit(code)
 }
 

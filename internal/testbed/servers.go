@@ -41,6 +41,7 @@ func StartMariaDB(ctx context.Context, o Options) (*Server, error) {
 		kind:   KindMariaDB,
 		nports: 1,
 		setup:  installMariaDB,
+		ctr:    mysqlContainer,
 		argv: func(s *Server) []string {
 			argv := []string{
 				mustPath("mariadbd"), "--no-defaults",
@@ -132,6 +133,7 @@ func StartRedis(ctx context.Context, o Options) (*Server, error) {
 		kind:   KindRedis,
 		nports: 1,
 		setup:  func(context.Context, *Server) error { return nil },
+		ctr:    redisContainer,
 		argv: func(s *Server) []string {
 			argv := []string{
 				mustPath("redis-server"),
@@ -158,6 +160,7 @@ func StartSentinel(ctx context.Context, masterName, masterAddr string, quorum in
 	return start(ctx, spec{
 		kind:   KindSentinel,
 		nports: 1,
+		ctr:    sentinelContainer(masterName, host, port, quorum),
 		// Sentinel rewrites its config as it learns, so it must be a file.
 		setup: func(_ context.Context, s *Server) error {
 			conf := fmt.Sprintf(`port %d
@@ -224,6 +227,7 @@ func StartZooKeeper(ctx context.Context, o Options) (*Server, error) {
 	return start(ctx, spec{
 		kind:   KindZooKeeper,
 		nports: 1,
+		ctr:    zkContainer(jvm, cfg),
 		setup: func(_ context.Context, s *Server) error {
 			zoo := fmt.Sprintf(`dataDir=%s
 clientPort=%d
@@ -300,6 +304,7 @@ func StartEtcd(ctx context.Context, o Options) (*Server, error) {
 		kind:   KindEtcd,
 		nports: 2,
 		setup:  func(context.Context, *Server) error { return nil },
+		ctr:    etcdContainer,
 		argv: func(s *Server) []string {
 			client := "http://" + s.Addr
 			peer := fmt.Sprintf("http://127.0.0.1:%d", s.ports[1])

@@ -79,6 +79,7 @@ type Server struct {
 	ports  []int // ports[0] is Addr's; etcd also has a peer port
 
 	mu      sync.Mutex
+	ctr     *ctr // the container, when the container provider runs it (container.go)
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed once cmd has been waited for
 	waitErr error         // set before exited is closed
@@ -109,6 +110,8 @@ type spec struct {
 	argv  func(s *Server) []string
 	// ready reports whether the server answers its own protocol.
 	ready func(ctx context.Context, s *Server) error
+	// ctr is what the container provider runs instead (container.go).
+	ctr func(s *Server) ctrSpec
 }
 
 // binaries lists what each kind needs, and the package providing it.
@@ -124,11 +127,15 @@ var binaries = map[string]struct {
 }
 
 // Missing reports the Debian install command when a server binary is absent,
-// e.g. "apt-get install -y mariadb-server"; "" when present.
+// e.g. "apt-get install -y mariadb-server"; "" when present, or when the
+// container provider runs kind (OVERSOLD_TESTBED).
 func Missing(kind string) string {
 	b, ok := binaries[kind]
 	if !ok {
 		return fmt.Sprintf("testbed: unknown server kind %q", kind)
+	}
+	if in, err := containerized(kind); in || err != nil {
+		return "" // start says what is wrong
 	}
 	for _, f := range b.files {
 		if _, err := lookPath(f); err != nil {
@@ -169,10 +176,18 @@ func mustPath(name string) string {
 // start runs sp with o: Dir, setup, launch, and a retry on a fresh port when
 // another process took the one picked (packages' tests run in parallel).
 func start(ctx context.Context, sp spec, o Options) (*Server, error) {
+	inContainer, err := containerized(sp.kind)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", sp.kind, err)
+	}
 	if cmd := Missing(sp.kind); cmd != "" {
 		return nil, fmt.Errorf("start %s: %w: %s", sp.kind, ErrMissing, cmd)
 	}
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	timeout := startTimeout
+	if inContainer {
+		timeout = containerStartTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
 	s := &Server{Kind: sp.kind, Dir: o.Dir, opts: o, spec: sp}
@@ -195,12 +210,7 @@ func start(ctx context.Context, sp spec, o Options) (*Server, error) {
 		if err == nil {
 			s.ports = ports
 			s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
-			err = sp.setup(ctx, s)
-		}
-		if err == nil {
-			s.mu.Lock()
-			err = s.launch(ctx)
-			s.mu.Unlock()
+			err = s.run(ctx, inContainer)
 		}
 		if err == nil {
 			return s, nil
@@ -213,6 +223,19 @@ func start(ctx context.Context, sp spec, o Options) (*Server, error) {
 		}
 		return nil, fmt.Errorf("start %s: %w", sp.kind, err)
 	}
+}
+
+// run starts s on s.ports: a container, or setup and a process.
+func (s *Server) run(ctx context.Context, inContainer bool) error {
+	if inContainer {
+		return s.runContainer(ctx)
+	}
+	if err := s.spec.setup(ctx, s); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.launch(ctx)
 }
 
 // errPortTaken marks a start that failed because the port was taken.
@@ -369,6 +392,9 @@ func logTail(path string, off int64) string {
 
 // running reports whether the process is alive. Callers hold s.mu.
 func (s *Server) running() bool {
+	if s.ctr != nil {
+		return s.ctrRunning()
+	}
 	if s.cmd == nil {
 		return false
 	}
@@ -384,6 +410,9 @@ func (s *Server) running() bool {
 func (s *Server) Pid() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.ctr != nil {
+		return s.ctrPid()
+	}
 	if !s.running() {
 		return 0
 	}
@@ -396,6 +425,9 @@ func (s *Server) Pid() int {
 func (s *Server) Stop() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.ctr != nil {
+		return s.ctrStop()
+	}
 	var err error
 	if s.running() {
 		p := s.cmd.Process
@@ -426,6 +458,9 @@ func (s *Server) Kill() error {
 	if !s.running() {
 		return nil
 	}
+	if s.ctr != nil {
+		return s.ctrKill()
+	}
 	if err := s.cmd.Process.Kill(); err != nil {
 		return fmt.Errorf("kill %s: %w", s.Kind, err)
 	}
@@ -443,6 +478,12 @@ func (s *Server) Restart(ctx context.Context) error {
 	}
 	if s.removed {
 		return fmt.Errorf("restart %s %s: stopped and its directory removed", s.Kind, s.Addr)
+	}
+	if s.ctr != nil {
+		if err := s.ctrRestart(ctx); err != nil {
+			return fmt.Errorf("restart %s %s: %w", s.Kind, s.Addr, err)
+		}
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
@@ -464,6 +505,12 @@ func (s *Server) signal(sig syscall.Signal) error {
 	defer s.mu.Unlock()
 	if !s.running() {
 		return fmt.Errorf("signal %s %s: not running", s.Kind, s.Addr)
+	}
+	if s.ctr != nil { // SIGSTOP and SIGCONT: the cgroup freezer
+		if err := s.ctrPause(sig == syscall.SIGSTOP); err != nil {
+			return fmt.Errorf("signal %s %s: %w", s.Kind, s.Addr, err)
+		}
+		return nil
 	}
 	if err := s.cmd.Process.Signal(sig); err != nil {
 		return fmt.Errorf("signal %s %s: %w", s.Kind, s.Addr, err)
@@ -506,5 +553,6 @@ func GoleakOptions() []goleak.Option {
 	return []goleak.Option{
 		goleak.IgnoreAnyFunction("github.com/oversold-lab/oversold/internal/testbed.(*Server).reap"),
 		goleak.IgnoreAnyFunction("github.com/oversold-lab/oversold/internal/testbed.spawnLoop"),
+		goleak.IgnoreAnyFunction("github.com/oversold-lab/oversold/internal/testbed.waitReaper"),
 	}
 }
