@@ -34,6 +34,7 @@ import (
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/pkg/stdcopy"
 	"github.com/testcontainers/testcontainers-go"
+	tclog "github.com/testcontainers/testcontainers-go/log"
 	"github.com/testcontainers/testcontainers-go/wait"
 )
 
@@ -155,6 +156,7 @@ func dockerClient(ctx context.Context) (*testcontainers.DockerClient, error) {
 		if _, set := os.LookupEnv("TESTCONTAINERS_RYUK_DISABLED"); !set {
 			os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
 		}
+		tclog.SetDefault(quietLogger{}) // its banner would fill every test log
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		cli, err := testcontainers.NewDockerClientWithOpts(pctx)
@@ -229,7 +231,6 @@ func (s *Server) runContainer(ctx context.Context) error {
 			WaitingFor: readyStrategy{s},
 		},
 		Started: true,
-		Logger:  quietLogger{},
 	}
 	ctx, cancel := context.WithTimeout(ctx, containerStartTimeout)
 	defer cancel()
