@@ -159,7 +159,7 @@ func dockerClient(ctx context.Context) (*testcontainers.DockerClient, error) {
 		tclog.SetDefault(quietLogger{}) // its banner would fill every test log
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		cli, err := testcontainers.NewDockerClientWithOpts(pctx)
+		cli, err := firstClient(pctx)
 		if err == nil {
 			_, err = cli.Ping(pctx)
 			if err == nil {
@@ -176,6 +176,23 @@ func dockerClient(ctx context.Context) (*testcontainers.DockerClient, error) {
 	if engineErr != nil {
 		return nil, engineErr
 	}
+	return testcontainers.NewDockerClientWithOpts(ctx)
+}
+
+// firstClient is the first connection: testcontainers panics when it finds
+// no engine at all, which for auto only means processes.
+func firstClient(ctx context.Context) (cli *testcontainers.DockerClient, err error) {
+	_, statErr := os.Stat("/var/run/docker.sock")
+	if os.Getenv("DOCKER_HOST") == "" && statErr != nil {
+		if _, err := os.Stat(os.ExpandEnv("$HOME/.testcontainers.properties")); err != nil {
+			return nil, errors.New("DOCKER_HOST is not set and /var/run/docker.sock is missing")
+		}
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			cli, err = nil, fmt.Errorf("%v", p)
+		}
+	}()
 	return testcontainers.NewDockerClientWithOpts(ctx)
 }
 

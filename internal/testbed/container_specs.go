@@ -2,6 +2,8 @@ package testbed
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -82,10 +84,16 @@ admin.enableServer=false
 `, s.ports[0])
 		zoo += strings.Join(append(cfg, ""), "\n")
 		flags := append([]string{"-Xmx256m", "-XX:+UseSerialGC", "-Djava.net.preferIPv4Stack=true"}, jvm...)
+		files := map[string]string{"/conf/zoo.cfg": zoo}
+		// An ensemble member's id, written to Dir/data by the caller
+		// (StartZooKeeperEnsemble), else the image writes ZOO_MY_ID or 1.
+		if id, err := os.ReadFile(filepath.Join(s.Dir, "data", "myid")); err == nil {
+			files["/data/myid"] = string(id)
+		}
 		return ctrSpec{
 			cmd:   []string{"zkServer.sh", "start-foreground"},
 			env:   map[string]string{"JVMFLAGS": strings.Join(flags, " ")},
-			files: map[string]string{"/conf/zoo.cfg": zoo},
+			files: files,
 		}
 	}
 }

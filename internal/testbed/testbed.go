@@ -180,6 +180,7 @@ func start(ctx context.Context, sp spec, o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", sp.kind, err)
 	}
+	inContainer = inContainer && sp.ctr != nil // a spec without a container form runs as a process
 	if cmd := Missing(sp.kind); cmd != "" {
 		return nil, fmt.Errorf("start %s: %w: %s", sp.kind, ErrMissing, cmd)
 	}
