@@ -46,5 +46,9 @@ fi
 
 for image in mysql redis zookeeper etcd; do
 	echo "images: oversold-local/$image:latest"
-	$DOCKER build -q --build-arg BASE="$base" -t "oversold-local/$image:latest" "$here/$image" >/dev/null
+	# -q, and the legacy builder's deprecation notice only when the build fails.
+	if ! out=$($DOCKER build -q --build-arg BASE="$base" -t "oversold-local/$image:latest" "$here/$image" 2>&1); then
+		echo "$out" >&2
+		exit 1
+	fi
 done
