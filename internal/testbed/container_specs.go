@@ -73,16 +73,7 @@ sentinel parallel-syncs %[2]s 1
 // writes none) and the JVM options in JVMFLAGS.
 func zkContainer(jvm, cfg []string) func(s *Server) ctrSpec {
 	return func(s *Server) ctrSpec {
-		zoo := fmt.Sprintf(`dataDir=/data
-clientPort=%d
-clientPortAddress=127.0.0.1
-tickTime=200
-minSessionTimeout=400
-maxSessionTimeout=60000
-admin.enableServer=false
-4lw.commands.whitelist=ruok,srvr,mntr,stat,cons
-`, s.ports[0])
-		zoo += strings.Join(append(cfg, ""), "\n")
+		zoo := zooCfg(s, "/data", cfg)
 		flags := append([]string{"-Xmx256m", "-XX:+UseSerialGC", "-Djava.net.preferIPv4Stack=true"}, jvm...)
 		files := map[string]string{"/conf/zoo.cfg": zoo}
 		// An ensemble member's id, written to Dir/data by the caller
@@ -99,20 +90,5 @@ admin.enableServer=false
 }
 
 func etcdContainer(s *Server) ctrSpec {
-	client := "http://" + s.Addr
-	peer := fmt.Sprintf("http://127.0.0.1:%d", s.ports[1])
-	cmd := []string{
-		"etcd",
-		"--name=default",
-		"--data-dir=/etcd-data",
-		"--listen-client-urls=" + client,
-		"--advertise-client-urls=" + client,
-		"--listen-peer-urls=" + peer,
-		"--initial-advertise-peer-urls=" + peer,
-		"--initial-cluster=default=" + peer,
-		"--initial-cluster-state=new",
-		"--logger=zap",
-		"--log-outputs=stderr",
-	}
-	return ctrSpec{cmd: append(cmd, s.opts.Args...)}
+	return ctrSpec{cmd: append([]string{"etcd"}, etcdFlags(s, "/etcd-data")...)}
 }

@@ -229,16 +229,7 @@ func StartZooKeeper(ctx context.Context, o Options) (*Server, error) {
 		nports: 1,
 		ctr:    zkContainer(jvm, cfg),
 		setup: func(_ context.Context, s *Server) error {
-			zoo := fmt.Sprintf(`dataDir=%s
-clientPort=%d
-clientPortAddress=127.0.0.1
-tickTime=200
-minSessionTimeout=400
-maxSessionTimeout=60000
-admin.enableServer=false
-4lw.commands.whitelist=ruok,srvr,mntr,stat,cons
-`, filepath.Join(s.Dir, "data"), s.ports[0])
-			zoo += strings.Join(append(cfg, ""), "\n")
+			zoo := zooCfg(s, filepath.Join(s.Dir, "data"), cfg)
 			// To stdout, which goes to our log: Debian's default file
 			// appender would write to /var/log/zookeeper.
 			log4j := `log4j.rootLogger=INFO, CONSOLE
@@ -270,6 +261,20 @@ log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p [%t:%C{1}@%L] -
 		},
 		ready: pingZooKeeper,
 	}, o)
+}
+
+// zooCfg is a standalone zoo.cfg, the extra lines cfg last.
+func zooCfg(s *Server, dataDir string, cfg []string) string {
+	zoo := fmt.Sprintf(`dataDir=%s
+clientPort=%d
+clientPortAddress=127.0.0.1
+tickTime=200
+minSessionTimeout=400
+maxSessionTimeout=60000
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,mntr,stat,cons
+`, dataDir, s.ports[0])
+	return zoo + strings.Join(append(cfg, ""), "\n")
 }
 
 // pingZooKeeper asks srvr rather than ruok: ruok answers as soon as the
@@ -306,25 +311,29 @@ func StartEtcd(ctx context.Context, o Options) (*Server, error) {
 		setup:  func(context.Context, *Server) error { return nil },
 		ctr:    etcdContainer,
 		argv: func(s *Server) []string {
-			client := "http://" + s.Addr
-			peer := fmt.Sprintf("http://127.0.0.1:%d", s.ports[1])
-			argv := []string{
-				mustPath("etcd"),
-				"--name=default",
-				"--data-dir=" + filepath.Join(s.Dir, "data"),
-				"--listen-client-urls=" + client,
-				"--advertise-client-urls=" + client,
-				"--listen-peer-urls=" + peer,
-				"--initial-advertise-peer-urls=" + peer,
-				"--initial-cluster=default=" + peer,
-				"--initial-cluster-state=new",
-				"--logger=zap",
-				"--log-outputs=stderr",
-			}
-			return append(argv, s.opts.Args...)
+			return append([]string{mustPath("etcd")}, etcdFlags(s, filepath.Join(s.Dir, "data"))...)
 		},
 		ready: pingEtcd,
 	}, o)
+}
+
+// etcdFlags are a single member's flags, Options.Args last.
+func etcdFlags(s *Server, dataDir string) []string {
+	client := "http://" + s.Addr
+	peer := fmt.Sprintf("http://127.0.0.1:%d", s.ports[1])
+	flags := []string{
+		"--name=default",
+		"--data-dir=" + dataDir,
+		"--listen-client-urls=" + client,
+		"--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peer,
+		"--initial-advertise-peer-urls=" + peer,
+		"--initial-cluster=default=" + peer,
+		"--initial-cluster-state=new",
+		"--logger=zap",
+		"--log-outputs=stderr",
+	}
+	return append(flags, s.opts.Args...)
 }
 
 // healthClient keeps no idle connections, so no goroutine outlives a check
