@@ -37,7 +37,10 @@ type Result struct {
 	// Linearizable is Porcupine's verdict on the load's history (history.go):
 	// "linearizable", "not linearizable", or "unknown" when the check ran
 	// out of time; HistoryOps operations checked in HistoryCheckMS.
-	Linearizable   string   `json:"linearizable,omitempty"`
+	Linearizable string `json:"linearizable,omitempty"`
+	// HandoffMS: a lock passing between replicas, from one lease's end to
+	// the next grant (Handoffs).
+	HandoffMS      *Wait    `json:"handoff_ms,omitempty"`
 	HistoryOps     int      `json:"history_ops,omitempty"`
 	HistoryCheckMS float64  `json:"history_check_ms,omitempty"`
 	NoResponse     int      `json:"no_response"` // requests that got no HTTP answer (timeout, refused)

@@ -354,6 +354,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		}
 		ov := Overlaps(leases)
 		res.Leases, res.Overlaps = len(leases), len(ov)
+		res.HandoffMS = Handoffs(leases)
 		for _, o := range ov[:min(len(ov), 3)] {
 			res.Notes = append(res.Notes, "two holders: "+o.String())
 		}

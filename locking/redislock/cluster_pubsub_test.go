@@ -1,0 +1,152 @@
+package redislock_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/redislock"
+)
+
+// TestClusterPubSubFanout measures, on a Redis Cluster of three masters
+// with a replica each, what one wake-up costs every node (seed 003: "every
+// node receives every PUBLISH"). It counts the publish messages each node
+// receives over the cluster bus (CLUSTER INFO cluster_stats_messages_
+// publish_received and _publishshard_received) for n PUBLISHes, n
+// SPUBLISHes (Redis 7's sharded pub/sub), and n lock handoffs of this
+// package's lock, whose release publishes one wake-up only when a waiter
+// is queued (PUBLISH, on the waiter's Locker's channel). Run with -v for
+// the table.
+func TestClusterPubSubFanout(t *testing.T) {
+	addrs := testbed.RedisCluster(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	const n = 50
+	key := testbed.Prefix(t)
+	channel := "lock:{" + key + "}:released"
+
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer cc.Close()
+	// From the master of the channel's slot, as the lock's release script
+	// publishes (a keyless PUBLISH would go to a random node).
+	master, err := cc.MasterForKey(ctx, channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	measure := func(what string, do func() int) (per map[string]float64, count int) {
+		before := busCounts(t, ctx, addrs)
+		count = do()
+		time.Sleep(200 * time.Millisecond) // the bus delivers asynchronously
+		after := busCounts(t, ctx, addrs)
+		per = map[string]float64{}
+		for _, a := range addrs {
+			per[a] = float64(after[a][what]-before[a][what]) / float64(count)
+		}
+		return per, count
+	}
+	publish, _ := measure("publish", func() int {
+		for range n {
+			if err := master.Publish(ctx, channel, "x").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return n
+	})
+	spublish, _ := measure("publishshard", func() int {
+		for range n {
+			if err := master.SPublish(ctx, channel, "x").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return n
+	})
+	queue, releases := measure("publish", func() int { return handoffs(t, ctx, strings.Join(addrs, ","), key, n) })
+
+	t.Logf("bus messages received per node per publish (PUBLISH, SPUBLISH) and per lock release (the wake-up queue, %d releases):", releases)
+	t.Logf("%-16s %8s %8s %8s", "node", "PUBLISH", "SPUBLISH", "queue")
+	var pubNodes, spubNodes int
+	for _, a := range addrs {
+		t.Logf("%-16s %8.2f %8.2f %8.2f", a, publish[a], spublish[a], queue[a])
+		if publish[a] >= 0.99 {
+			pubNodes++
+		}
+		if spublish[a] >= 0.99 {
+			spubNodes++
+		}
+		if queue[a] > 1.01 {
+			t.Errorf("node %s got %.2f wake-ups per release: the queue publishes at most one", a, queue[a])
+		}
+	}
+	// The publishing master delivers to its own subscribers; the bus
+	// carries the message to every other node: five of six.
+	if pubNodes != len(addrs)-1 {
+		t.Errorf("PUBLISH reached %d nodes over the bus, want %d (every node but the sender)", pubNodes, len(addrs)-1)
+	}
+	// SPUBLISH stays in the shard: its master's replica, one node.
+	if spubNodes != 1 {
+		t.Errorf("SPUBLISH reached %d nodes over the bus, want 1 (the shard's replica)", spubNodes)
+	}
+}
+
+// busCounts reads each node's cluster-bus message counters by type.
+func busCounts(t *testing.T, ctx context.Context, addrs []string) map[string]map[string]int64 {
+	t.Helper()
+	out := map[string]map[string]int64{}
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		info, err := c.ClusterInfo(ctx).Result()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int64{}
+		for _, l := range strings.Split(info, "\r\n") {
+			for _, what := range []string{"publish", "publishshard"} {
+				if v, ok := strings.CutPrefix(l, "cluster_stats_messages_"+what+"_received:"); ok {
+					m[what], _ = strconv.ParseInt(v, 10, 64)
+				}
+			}
+		}
+		out[a] = m
+	}
+	return out
+}
+
+// handoffs passes key's lock n times between two Lockers, each holding it
+// while the other waits (queued), and returns the number of releases.
+func handoffs(t *testing.T, ctx context.Context, addr, key string, n int) int {
+	t.Helper()
+	cfg := redislock.Config{TTL: 10 * time.Second, MinBackoff: time.Minute, MaxBackoff: time.Minute}
+	lockers := []*redislock.Locker{newLocker(t, addr, cfg), newLocker(t, addr, cfg)}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for i, l := range lockers {
+		wg.Go(func() {
+			for j := range n / 2 {
+				lease, err := l.Acquire(ctx, key)
+				if err != nil {
+					errs <- fmt.Errorf("locker %d, round %d: %w", i, j, err)
+					return
+				}
+				time.Sleep(2 * time.Millisecond) // the other one queues meanwhile
+				if err := lease.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return n / 2 * 2
+}
