@@ -127,8 +127,9 @@ ON DUPLICATE KEY UPDATE
 	token      = IF(expires_at < UTC_TIMESTAMP(6), LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)),
 	expires_at = IF(expires_at < UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
 
-// remaining reads the holder's lease left, in µs; <= 0 or no row: free.
-const remaining = `SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
+// remaining reads the holder's lease left, in µs (<= 0 or no row: free),
+// and whether the holder holds the key's named lock (queue.go).
+const remaining = `SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), owner LIKE 'q%'
 FROM oversold_locks WHERE lock_key = ?`
 
 // renew extends only our own unexpired lease. Args: ttl µs, key, owner.
@@ -152,6 +153,8 @@ type Locker struct {
 	mu         sync.Mutex
 	leases     map[*lease]struct{} // held, so that Close can end their renewals
 	closed     bool
+	idleQueue  []*queueConn   // queue connections kept for reuse
+	queueOut   int            // queue connections out of the pool
 	background sync.WaitGroup // grabs that may outlive their Acquire
 }
 
@@ -186,7 +189,8 @@ func New(db *sql.DB, cfg Config) *Locker {
 	return &Locker{db: db, cfg: cfg, leases: make(map[*lease]struct{})}
 }
 
-// Acquire takes the lock on key, polling while someone else holds it.
+// Acquire takes the lock on key, waiting in the key's queue (queue.go)
+// while someone else holds it, or polling when there is none to wait in.
 func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error) {
 	if len(key) > MaxKeyLen {
 		return nil, fmt.Errorf("acquire %q: key longer than %d bytes", key, MaxKeyLen)
@@ -194,25 +198,88 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	if err := l.prepare(ctx); err != nil {
 		return nil, l.failed(ctx, key, err)
 	}
-	owner := newOwner()
+	qc, err := l.takeQueueConn(ctx)
+	if err != nil {
+		return nil, l.failed(ctx, key, err)
+	}
+	s, err := l.acquire(ctx, key, qc)
+	if err != nil {
+		// It may hold the named lock, or be broken by a cancelled wait.
+		l.putQueueConn(qc, false)
+		return nil, err
+	}
+	return s, nil
+}
+
+// acquire grabs the row, queued on qc's named lock when qc is not nil. The
+// returned lease keeps qc if it holds the named lock; else qc goes back.
+func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (*lease, error) {
+	q := queueName(key)
+	queued := false // we hold q: first in line
+	var err error
+	if qc != nil {
+		// q is free unless the key is held or waited for, and then we
+		// join the wait below instead of grabbing.
+		if queued, err = qc.lock(ctx, q, 0); err != nil {
+			return nil, l.failed(ctx, key, err)
+		}
+	}
 	poll := l.cfg.MinPoll
 	for {
+		if qc != nil && !queued {
+			left, holderQueued, err := l.remaining(ctx, key)
+			if err != nil {
+				return nil, l.failed(ctx, key, err)
+			}
+			wait := left
+			switch {
+			case left > 0 && !holderQueued:
+				// Its holder will not wake us: poll.
+				if err := sleep(ctx, min(jitter(poll), left)); err != nil {
+					return nil, fmt.Errorf("acquire %q: %w", key, err)
+				}
+				poll = min(2*poll, l.cfg.MaxPoll)
+				continue
+			case left <= 0:
+				// Free, yet q is taken: by the waiter it went to, about to
+				// grab, or by a holder between freeing the row and q. Do
+				// not barge; but a holder paused past its lease may keep q
+				// for long, so grab anyway after MaxPoll.
+				wait = l.cfg.MaxPoll
+			}
+			// Wait no longer than the holder's lease: it may expire.
+			if queued, err = qc.lock(ctx, q, min(wait, l.cfg.TTL)); err != nil {
+				return nil, l.failed(ctx, key, err)
+			}
+			if !queued && left > 0 {
+				continue // renewed or expired meanwhile: look again
+			}
+		}
+		owner := newOwner(queued)
 		sent := time.Now()
 		token, err := l.grab(ctx, key, owner)
 		if err != nil {
 			return nil, l.failed(ctx, key, err)
 		}
 		if token != 0 {
-			return l.hold(key, owner, token, sent), nil
+			if !queued {
+				l.putQueueConn(qc, true)
+				qc = nil
+			}
+			return l.hold(key, owner, token, sent, qc), nil
 		}
-		// Someone holds the key: poll until its lease looks free. Until the
-		// first read, what the holder has left is unknown.
+		if qc != nil && !queued {
+			continue // someone else took the free row: wait for it
+		}
+		// First in line behind a holder that will not wake us (its
+		// connection died, or it came in unqueued), or no queue at all:
+		// poll the holder's lease until it looks free.
 		for left := l.cfg.MaxPoll; left > 0; {
 			if err := sleep(ctx, min(jitter(poll), left)); err != nil {
 				return nil, fmt.Errorf("acquire %q: %w", key, err)
 			}
 			poll = min(2*poll, l.cfg.MaxPoll)
-			if left, err = l.remaining(ctx, key); err != nil {
+			if left, _, err = l.remaining(ctx, key); err != nil {
 				return nil, l.failed(ctx, key, err)
 			}
 		}
@@ -285,18 +352,22 @@ func (l *Locker) grabOnce(ctx context.Context, key, owner string) (uint64, error
 // retry one, and a wait should not fail for it.
 const erDeadlock = 1213
 
-// remaining returns how long the key's holder has left; <= 0 when free.
+// remaining returns how long the key's holder has left (<= 0 when free)
+// and whether it holds the key's named lock.
 // A read may be abandoned, so it runs on the caller's ctx, bounded by TTL/3
 // like every statement here: a database that slow cannot keep leases.
-func (l *Locker) remaining(ctx context.Context, key string) (time.Duration, error) {
+func (l *Locker) remaining(ctx context.Context, key string) (time.Duration, bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/3)
 	defer cancel()
-	var us int64
-	err := l.stmts.Load().remaining.QueryRowContext(rctx, key).Scan(&us)
+	var (
+		us     int64
+		queued bool
+	)
+	err := l.stmts.Load().remaining.QueryRowContext(rctx, key).Scan(&us, &queued)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, nil
+		return 0, false, nil
 	}
-	return time.Duration(us) * time.Microsecond, err
+	return time.Duration(us) * time.Microsecond, queued, err
 }
 
 // free frees our row on a fresh bounded context: cleanup must run even when
@@ -368,22 +439,27 @@ func (l *Locker) prepare(ctx context.Context) error {
 	return nil
 }
 
-// hold starts renewing a lease granted by a statement sent at sent.
-func (l *Locker) hold(key, owner string, token uint64, sent time.Time) *lease {
-	s := &lease{locker: l, key: key, owner: owner, token: token}
+// hold starts renewing a lease granted by a statement sent at sent; qc,
+// if not nil, holds the key's named lock until Release.
+func (l *Locker) hold(key, owner string, token uint64, sent time.Time, qc *queueConn) *lease {
+	s := &lease{locker: l, key: key, owner: owner, token: token, queue: qc}
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
 		onFail = func(err error) { f(key, err) }
 	}
 	s.keepalive = locking.StartKeepalive(l.cfg.TTL, sent, s.renew, onFail)
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed { // Close ran during the grab: it ends this lease too
+	closed := l.closed
+	if !closed {
+		l.leases[s] = struct{}{}
+	}
+	l.mu.Unlock()
+	if closed { // Close ran during the grab: it ends this lease too
 		s.keepalive.Stop()
 		s.keepalive.MarkLost()
-		return s
+		s.queue = nil
+		l.putQueueConn(qc, false)
 	}
-	l.leases[s] = struct{}{}
 	return s
 }
 
@@ -402,7 +478,12 @@ func (l *Locker) Close() error {
 	for s := range held {
 		s.keepalive.Stop()
 		s.keepalive.MarkLost()
+		s.mu.Lock()
+		l.putQueueConn(s.queue, false)
+		s.queue = nil
+		s.mu.Unlock()
 	}
+	l.closeIdleQueue()
 	l.background.Wait()
 	if st := l.stmts.Load(); st != nil {
 		st.close()
@@ -419,6 +500,7 @@ type lease struct {
 
 	mu       sync.Mutex
 	released bool
+	queue    *queueConn // holds the key's named lock; nil once given up
 }
 
 func (s *lease) Key() string           { return s.key }
@@ -445,6 +527,7 @@ func (s *lease) Release(ctx context.Context) error {
 	l.mu.Unlock()
 	res, err := l.stmts.Load().free.ExecContext(ctx, s.key, s.owner)
 	err = rowsOrNotHeld(res, err)
+	s.unqueue(ctx) // after the row is free: the waiter it wakes grabs it
 	switch {
 	case errors.Is(err, locking.ErrNotHeld):
 		s.released = true
@@ -455,6 +538,17 @@ func (s *lease) Release(ctx context.Context) error {
 	}
 	s.released = true
 	return nil
+}
+
+// unqueue gives up the key's named lock, waking the next waiter.
+func (s *lease) unqueue(ctx context.Context) {
+	qc := s.queue
+	if qc == nil {
+		return
+	}
+	s.queue = nil
+	ok, err := qc.unlock(ctx, queueName(s.key))
+	s.locker.putQueueConn(qc, ok && err == nil)
 }
 
 // rowsOrNotHeld maps an UPDATE that matched no row to ErrNotHeld. Our
@@ -474,11 +568,19 @@ func rowsOrNotHeld(res sql.Result, err error) error {
 	return nil
 }
 
-// newOwner returns 32 random hex digits: this Acquire's identity on the row.
-func newOwner() string {
-	var b [16]byte
-	rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
-	return hex.EncodeToString(b[:])
+// newOwner returns this grab's identity on the row: a prefix saying whether
+// it holds the key's named lock, then 31 random hex digits.
+func newOwner(queued bool) string {
+	var b [32]byte
+	b[0] = unqueuedOwner
+	if queued {
+		b[0] = queuedOwner
+	}
+	var r [16]byte
+	rand.Read(r[:]) // never fails (crypto/rand, Go 1.24+)
+	hex.Encode(b[1:], r[:15])
+	b[31] = "0123456789abcdef"[r[15]&15]
+	return string(b[:])
 }
 
 // jitter returns a duration in [d/2, d): waiters that started together

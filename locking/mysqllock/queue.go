@@ -1,0 +1,173 @@
+package mysqllock
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/hex"
+	"errors"
+	"time"
+)
+
+// The wait queue: waiters block in GET_LOCK on a name derived from the key
+// (a named lock held by the lease holder), so a release wakes the next one
+// at once instead of leaving the key idle until somebody's next poll.
+//
+// The named lock is only a wake-up: the row alone decides who holds the
+// key, exactly as without the queue, so mutual exclusion, tokens, renewal
+// and Lost do not depend on it. A holder takes the named lock before its
+// grab and gives it up after freeing the row; a waiter that wins the named
+// lock grabs the row. Whatever goes wrong with the named lock (a holder
+// paused past its lease still holding it, a connection killed, no queue
+// connection to spare) costs a wait bounded by the row's lease, or falls
+// back to polling; the owner column says whether its holder holds the named
+// lock ("q" prefix), so waiters block only behind a holder that will wake
+// them and poll behind any other.
+//
+// A named lock belongs to a connection, so a queued Acquire takes one
+// connection out of the pool for itself (a queue connection), and keeps it
+// with the lease until Release. At most maxQueueConns are out at once, so
+// that renewals always find a pooled connection; Acquires beyond that poll.
+
+// maxQueueConns bounds the connections out of the pool for the queue; the
+// rest of the pool serves grabs, reads and renewals. backends.Open sizes
+// the pool at 32.
+const maxQueueConns = 16
+
+// maxIdleQueueConns is how many queue connections are kept for reuse.
+const maxIdleQueueConns = 4
+
+// Owner prefixes: a holder that holds the key's named lock, and one that
+// does not (it polled its way in).
+const (
+	queuedOwner   = 'q'
+	unqueuedOwner = 'p'
+)
+
+// queueConn is a connection out of the pool, with its named-lock statements.
+type queueConn struct {
+	conn     *sql.Conn
+	get, rel *sql.Stmt
+}
+
+// queueName is the named lock of key: GET_LOCK names are at most 64
+// characters, keys up to 255 bytes, so the name carries a hash. A
+// collision only shares a queue, which costs waits, never exclusion.
+func queueName(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return "oversold_locks/" + hex.EncodeToString(h[:16])
+}
+
+// takeQueueConn returns a queue connection, or nil when maxQueueConns are
+// out (the caller polls instead).
+func (l *Locker) takeQueueConn(ctx context.Context) (*queueConn, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, errClosed
+	}
+	if n := len(l.idleQueue); n > 0 {
+		qc := l.idleQueue[n-1]
+		l.idleQueue = l.idleQueue[:n-1]
+		l.queueOut++
+		l.mu.Unlock()
+		return qc, nil
+	}
+	if l.queueOut >= maxQueueConns {
+		l.mu.Unlock()
+		return nil, nil
+	}
+	l.queueOut++
+	l.mu.Unlock()
+	qc, err := l.openQueueConn(ctx)
+	if err != nil {
+		l.mu.Lock()
+		l.queueOut--
+		l.mu.Unlock()
+		return nil, err
+	}
+	return qc, nil
+}
+
+func (l *Locker) openQueueConn(ctx context.Context) (*queueConn, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/3)
+	defer cancel()
+	conn, err := l.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	qc := &queueConn{conn: conn}
+	if qc.get, err = conn.PrepareContext(ctx, "SELECT GET_LOCK(?, ?)"); err == nil {
+		qc.rel, err = conn.PrepareContext(ctx, "SELECT RELEASE_LOCK(?)")
+	}
+	if err != nil {
+		qc.discard()
+		return nil, err
+	}
+	return qc, nil
+}
+
+// putQueueConn gives qc back: kept for reuse if clean (it holds no named
+// lock), else closed, which frees whatever it holds on the server.
+func (l *Locker) putQueueConn(qc *queueConn, clean bool) {
+	if qc == nil {
+		return
+	}
+	l.mu.Lock()
+	l.queueOut--
+	keep := clean && !l.closed && len(l.idleQueue) < maxIdleQueueConns
+	if keep {
+		l.idleQueue = append(l.idleQueue, qc)
+	}
+	l.mu.Unlock()
+	if !keep {
+		qc.discard()
+	}
+}
+
+// closeIdleQueue closes the idle queue connections (Close).
+func (l *Locker) closeIdleQueue() {
+	l.mu.Lock()
+	idle := l.idleQueue
+	l.idleQueue = nil
+	l.mu.Unlock()
+	for _, qc := range idle {
+		qc.discard()
+	}
+}
+
+// discard closes the connection itself rather than returning it to the
+// pool: a pooled connection must not carry a named lock.
+func (qc *queueConn) discard() {
+	for _, st := range []*sql.Stmt{qc.get, qc.rel} {
+		if st != nil {
+			st.Close()
+		}
+	}
+	qc.conn.Raw(func(any) error { return driver.ErrBadConn })
+	qc.conn.Close()
+}
+
+// lock waits up to wait for the named lock q: true when it is ours. A wait
+// ended by ctx closes the connection (the driver's cancel), freeing q.
+func (qc *queueConn) lock(ctx context.Context, q string, wait time.Duration) (bool, error) {
+	var got sql.NullInt64
+	if err := qc.get.QueryRowContext(ctx, q, wait.Seconds()).Scan(&got); err != nil {
+		return false, err
+	}
+	if !got.Valid {
+		return false, errors.New("GET_LOCK returned NULL")
+	}
+	return got.Int64 == 1, nil
+}
+
+// unlock frees the named lock q; false when it was not held (the
+// connection was replaced under us: q went with the old one).
+func (qc *queueConn) unlock(ctx context.Context, q string) (bool, error) {
+	var ok sql.NullInt64
+	if err := qc.rel.QueryRowContext(ctx, q).Scan(&ok); err != nil {
+		return false, err
+	}
+	return ok.Valid && ok.Int64 == 1, nil
+}
