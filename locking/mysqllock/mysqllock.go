@@ -512,8 +512,9 @@ func (s *lease) renew(ctx context.Context) error {
 	return rowsOrNotHeld(res, err)
 }
 
-// Release stops renewal, then frees the row if it is still ours. After a
-// failure to reach the database it may be called again.
+// Release stops renewal, then frees the row if it is still ours, and gives
+// up the key's named lock. After a failure to reach the database it may be
+// called again.
 func (s *lease) Release(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -525,9 +526,7 @@ func (s *lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	delete(l.leases, s)
 	l.mu.Unlock()
-	res, err := l.stmts.Load().free.ExecContext(ctx, s.key, s.owner)
-	err = rowsOrNotHeld(res, err)
-	s.unqueue(ctx) // after the row is free: the waiter it wakes grabs it
+	err := s.free(ctx)
 	switch {
 	case errors.Is(err, locking.ErrNotHeld):
 		s.released = true
@@ -540,15 +539,26 @@ func (s *lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// unqueue gives up the key's named lock, waking the next waiter.
-func (s *lease) unqueue(ctx context.Context) {
+// free frees the row, and gives up the named lock if it holds it: in the
+// same statement when it frees the row (queue.go), else on its own.
+func (s *lease) free(ctx context.Context) error {
 	qc := s.queue
 	if qc == nil {
-		return
+		res, err := s.locker.stmts.Load().free.ExecContext(ctx, s.key, s.owner)
+		return rowsOrNotHeld(res, err)
 	}
 	s.queue = nil
-	ok, err := qc.unlock(ctx, queueName(s.key))
-	s.locker.putQueueConn(qc, ok && err == nil)
+	q := queueName(s.key)
+	res, err := qc.free.ExecContext(ctx, s.key, s.owner, q)
+	err = rowsOrNotHeld(res, err)
+	clean := err == nil // the statement released q
+	if err != nil {
+		// Whether it reached RELEASE_LOCK is unknown: make sure.
+		_, uerr := qc.unlock(ctx, q)
+		clean = uerr == nil
+	}
+	s.locker.putQueueConn(qc, clean)
+	return err
 }
 
 // rowsOrNotHeld maps an UPDATE that matched no row to ErrNotHeld. Our

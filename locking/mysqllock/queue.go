@@ -47,9 +47,22 @@ const (
 
 // queueConn is a connection out of the pool, with its named-lock statements.
 type queueConn struct {
-	conn     *sql.Conn
-	get, rel *sql.Stmt
+	conn           *sql.Conn
+	get, rel, free *sql.Stmt
 }
+
+// freeQueued is free (mysqllock.go) that also releases the named lock, after
+// the row is locked and matched and before the statement commits: the waiter
+// it wakes finds the row free, or waits for its row lock, which InnoDB
+// releases before it flushes the commit to disk, so the next grant's commit
+// overlaps this one's flush instead of following it. RELEASE_LOCK returns 1,
+// 0 or NULL, so the condition it adds is always true; when the row does not
+// match, the caller releases the named lock on its own. (RELEASE_LOCK makes
+// the statement unsafe for statement-based binlogs: MIXED logs it by row.)
+// Args: key, owner, name.
+const freeQueued = `UPDATE oversold_locks SET owner = '', expires_at = '1970-01-01'
+WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)
+	AND COALESCE(RELEASE_LOCK(?), 0) >= 0`
 
 // queueName is the named lock of key: GET_LOCK names are at most 64
 // characters, keys up to 255 bytes, so the name carries a hash. A
@@ -101,6 +114,9 @@ func (l *Locker) openQueueConn(ctx context.Context) (*queueConn, error) {
 	if qc.get, err = conn.PrepareContext(ctx, "SELECT GET_LOCK(?, ?)"); err == nil {
 		qc.rel, err = conn.PrepareContext(ctx, "SELECT RELEASE_LOCK(?)")
 	}
+	if err == nil {
+		qc.free, err = conn.PrepareContext(ctx, freeQueued)
+	}
 	if err != nil {
 		qc.discard()
 		return nil, err
@@ -140,7 +156,7 @@ func (l *Locker) closeIdleQueue() {
 // discard closes the connection itself rather than returning it to the
 // pool: a pooled connection must not carry a named lock.
 func (qc *queueConn) discard() {
-	for _, st := range []*sql.Stmt{qc.get, qc.rel} {
+	for _, st := range []*sql.Stmt{qc.get, qc.rel, qc.free} {
 		if st != nil {
 			st.Close()
 		}
@@ -162,8 +178,7 @@ func (qc *queueConn) lock(ctx context.Context, q string, wait time.Duration) (bo
 	return got.Int64 == 1, nil
 }
 
-// unlock frees the named lock q; false when it was not held (the
-// connection was replaced under us: q went with the old one).
+// unlock frees the named lock q; false when it was not held.
 func (qc *queueConn) unlock(ctx context.Context, q string) (bool, error) {
 	var ok sql.NullInt64
 	if err := qc.rel.QueryRowContext(ctx, q).Scan(&ok); err != nil {

@@ -1,0 +1,117 @@
+package mysqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/mysqllock"
+)
+
+// newLocker opens a Locker with its own pool, polling every poll: tests set
+// it so long that a waiter that polls instead of being woken fails them.
+func newLocker(t *testing.T, dsn string, poll time.Duration) *mysqllock.Locker {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(32)
+	l := mysqllock.New(db, mysqllock.Config{TTL: 10 * time.Second, MinPoll: poll, MaxPoll: poll})
+	t.Cleanup(func() {
+		l.Close()
+		db.Close()
+	})
+	return l
+}
+
+// A release wakes the waiter at once: with polling every 5 s, only the
+// queue can hand the key over in well under a second.
+func TestReleaseWakesWaiter(t *testing.T) {
+	dsn := testbed.MySQL(t)
+	const poll = 5 * time.Second
+	holder, waiter := newLocker(t, dsn, poll), newLocker(t, dsn, poll)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	lease, err := holder.Acquire(ctx, "sku/queue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan time.Time, 1)
+	errs := make(chan error, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, "sku/queue")
+		if err != nil {
+			errs <- err
+			return
+		}
+		got <- time.Now()
+		if err := l.Release(context.Background()); err != nil {
+			errs <- err
+		}
+	}()
+	time.Sleep(500 * time.Millisecond) // the waiter is queued by now
+	select {
+	case <-got:
+		t.Fatal("the waiter got the key while it was held")
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	released := time.Now()
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-got:
+		if d := at.Sub(released); d > time.Second {
+			t.Errorf("the waiter got the key %v after the release: it polled (every %v) instead of being woken", d, poll)
+		}
+	case err := <-errs:
+		t.Fatal(err)
+	case <-time.After(2 * poll):
+		t.Fatalf("the waiter did not get the key %v after the release", 2*poll)
+	}
+}
+
+// A named lock kept by someone who is not the key's holder (a holder paused
+// past its lease, still connected) does not keep a free key from being
+// taken: the wait on it is bounded by MaxPoll.
+func TestStaleNamedLockDoesNotBlock(t *testing.T) {
+	dsn := testbed.MySQL(t)
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var got int
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", mysqllock.QueueName("sku/stale")).Scan(&got); err != nil || got != 1 {
+		t.Fatalf("GET_LOCK = %d, %v", got, err)
+	}
+	l := newLocker(t, dsn, 100*time.Millisecond)
+	began := time.Now()
+	lease, err := l.Acquire(ctx, "sku/stale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(began); d > 3*time.Second {
+		t.Errorf("a free key took %v to acquire behind a stale named lock", d)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// And the stale named lock stays where it was: nobody released it for us.
+	var holder sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?) = CONNECTION_ID()", mysqllock.QueueName("sku/stale")).Scan(&holder); err != nil || holder.Int64 != 1 {
+		t.Errorf("the stale named lock changed hands: %v, %v", holder, err)
+	}
+}
