@@ -14,7 +14,12 @@
 //     bumping token; InnoDB's row lock makes the check and the grant atomic.
 //     LAST_INSERT_ID(expr) hands the new token back in the same round trip,
 //     and 0 when someone else holds the key.
-//   - A waiter polls the holder's remaining lease with a plain SELECT (a
+//   - A waiter blocks in GET_LOCK on the key's named lock, which the holder
+//     took before its grab and gives up in the statement that frees the row,
+//     so a release wakes the next waiter at once (queue.go). The named lock
+//     is only a wake-up: the row alone grants the key. Where the named lock
+//     cannot help (its holder is not the row's, no connection to spare), a
+//     waiter polls the holder's remaining lease with a plain SELECT (a
 //     consistent read: no row lock, so waiters never delay the holder's
 //     renewals), sleeping a jittered backoff that starts at Config.MinPoll and
 //     doubles up to Config.MaxPoll, but never past the holder's remaining
@@ -59,11 +64,15 @@
 //     statement is bounded by TTL/3; only a grab that times out can land
 //     later still, and nobody renews it, so it frees within TTL like a dead
 //     holder's.
-//   - Polling has no notification and no queue: after a release the key
-//     idles until some waiter's next poll (at most MaxPoll, less the more
-//     waiters there are), every waiter costs the database one read per poll,
-//     and the order of service is luck, not arrival. For hot keys with many
-//     waiters, the redis, zookeeper and etcd backends wake waiters instead.
+//   - Every grant and every release is a commit, flushed to disk under the
+//     default innodb_flush_log_at_trx_commit=1: a hot key changes hands at
+//     most about once per flush, where a bare GET_LOCK writes nothing. The
+//     token's durability needs the grant's flush; the release's is only
+//     overlapped with the next grant (the named lock is released before the
+//     commit, see freeQueued).
+//   - Only a fallback polls (a holder whose connection to the named lock
+//     died, or that came in while no queue connection was spare): then the
+//     key idles until the first waiter's next poll, at most MaxPoll.
 package mysqllock
 
 import (
