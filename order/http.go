@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"regexp"
 	"slices"
@@ -36,6 +37,7 @@ func (s *Service) routes() http.Handler {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
+	e.Use(s.limit())
 	e.POST("/v1/orders", s.postOrder)
 	e.GET("/v1/orders/:id", s.getOrder)
 	e.GET("/v1/inventory/:sku", s.getInventory)
@@ -193,9 +195,12 @@ func readObject(c echo.Context, fields ...string) (map[string]json.RawMessage, e
 		}
 	}
 	var tooBig *http.MaxBytesError
+	var netErr net.Error // the server's read timeout, a dropped connection
 	switch {
 	case errors.As(err, &tooBig):
 		return nil, invalid("body over %d KiB", maxBody>>10)
+	case errors.As(err, &netErr):
+		return nil, invalid("body not received in time")
 	case err != nil:
 		return nil, invalid("body must be one JSON object: %v", err)
 	}

@@ -36,6 +36,7 @@ type Metrics struct {
 	guardConflicts prometheus.Counter
 	cacheBypassed  prometheus.Counter
 	batchSize      prometheus.Observer
+	refused        prometheus.Counter
 }
 
 // NewMetrics registers the series of a replica running lock and guard.
@@ -84,6 +85,10 @@ func NewMetrics(replica, lock string, guard storage.Guard) *Metrics {
 		cacheBypassed: f.NewCounter(prometheus.CounterOpts{
 			Name: "oversold_cache_bypassed_total",
 			Help: "Stock reads that went to MySQL because the Redis cache could not be used.",
+		}),
+		refused: f.NewCounter(prometheus.CounterOpts{
+			Name: "oversold_http_refused_total",
+			Help: "API requests answered 503 at once because the replica served its OVERSOLD_MAX_IN_FLIGHT already.",
 		}),
 	}
 	for _, o := range outcomes {

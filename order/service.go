@@ -62,8 +62,13 @@ type Config struct {
 	BatchWait time.Duration
 	// AdminToken is the bearer token of the admin routes; "" disables them.
 	AdminToken string
-	Logger     *slog.Logger // nil: no logs
-	Metrics    *Metrics     // nil: NewMetrics(Instance, Lock, Guard)
+	// MaxInFlight caps the API requests served at once; the rest are
+	// answered 503 at once (0 = DefaultMaxInFlight). See limit.go.
+	MaxInFlight int
+	// RequestTimeout bounds each API request (0 = DefaultRequestTimeout).
+	RequestTimeout time.Duration
+	Logger         *slog.Logger // nil: no logs
+	Metrics        *Metrics     // nil: NewMetrics(Instance, Lock, Guard)
 	// FaultHook is for the lab only, nil elsewhere: the flow calls it, and
 	// waits for it, at the points named by the Hook* constants, so the lab
 	// can pause or kill the replica at an exact step of the flow.
@@ -138,6 +143,12 @@ func New(store Store, cache Cache, locker Locker, cfg Config) *Service {
 	}
 	if cfg.BatchMax <= 0 {
 		cfg.BatchMax = DefaultBatchMax
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = DefaultRequestTimeout
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(cfg.Instance, cfg.Lock, cfg.Guard)

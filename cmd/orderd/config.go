@@ -16,28 +16,32 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
 )
 
 // config is orderd's settings: docs/design.md's configuration table.
 type config struct {
-	Addr          string
-	Instance      string
-	MySQLDSN      string
-	Database      string // from MySQLDSN: the cache's key prefix
-	RedisAddr     string
-	RedlockAddrs  []string
-	ZKServers     []string
-	EtcdEndpoints []string
-	Lock          string // "none" or one of backends.Names
-	Guard         storage.Guard
-	LockTTL       time.Duration
-	LockWait      time.Duration
-	WorkDelay     time.Duration
-	BatchMax      int
-	BatchWait     time.Duration
-	AdminToken    string
-	FaultHook     string // lab builds only: see faulthook_lab.go
+	Addr           string
+	Instance       string
+	MySQLDSN       string
+	Database       string // from MySQLDSN: the cache's key prefix
+	RedisAddr      string
+	RedlockAddrs   []string
+	ZKServers      []string
+	EtcdEndpoints  []string
+	Lock           string // "none" or one of backends.Names
+	Guard          storage.Guard
+	LockTTL        time.Duration
+	LockWait       time.Duration
+	WorkDelay      time.Duration
+	BatchMax       int
+	BatchWait      time.Duration
+	AdminToken     string
+	MaxInFlight    int
+	RequestTimeout time.Duration
+	MySQLMaxConns  int
+	FaultHook      string // lab builds only: see faulthook_lab.go
 }
 
 // setting is one row of the table: a variable, its default, and how it
@@ -133,6 +137,18 @@ var settings = []setting{
 		c.AdminToken = v
 		return nil
 	}},
+	{"OVERSOLD_MAX_IN_FLIGHT", strconv.Itoa(order.DefaultMaxInFlight), "API requests served at once; more are answered 503 at once", func(c *config, v string) (err error) {
+		c.MaxInFlight, err = count(v, 1_000_000)
+		return err
+	}},
+	{"OVERSOLD_REQUEST_TIMEOUT", order.DefaultRequestTimeout.String(), "bound on each API request, reading it included; longer than OVERSOLD_LOCK_WAIT", func(c *config, v string) (err error) {
+		c.RequestTimeout, err = duration(v, false)
+		return err
+	}},
+	{"OVERSOLD_MYSQL_MAX_CONNS", "64", "MySQL connections per replica at most (see README: sizing)", func(c *config, v string) (err error) {
+		c.MySQLMaxConns, err = count(v, 100_000)
+		return err
+	}},
 }
 
 // flagName is the variable's flag: OVERSOLD_LOCK_TTL is lock-ttl.
@@ -196,6 +212,10 @@ var tokenless = []string{"none", "local", "redlock"}
 
 // checkPairs refuses the settings that are each valid but wrong together.
 func (c config) checkPairs() error {
+	if c.RequestTimeout <= c.LockWait {
+		return &configError{Var: "OVERSOLD_REQUEST_TIMEOUT", Err: fmt.Errorf(
+			"%v must be longer than OVERSOLD_LOCK_WAIT=%v, or every lock wait ends as a timed-out request", c.RequestTimeout, c.LockWait)}
+	}
 	if c.Guard == storage.GuardFencing && slices.Contains(tokenless, c.Lock) {
 		return &configError{Var: "OVERSOLD_GUARD", Err: fmt.Errorf(
 			"fencing needs fencing tokens, and OVERSOLD_LOCK=%s has none (want a lock of redis, zookeeper, mysql, etcd, or another guard)", c.Lock)}
@@ -211,7 +231,7 @@ func usage(w io.Writer) {
 		if s.def != "" {
 			def = " (default " + s.def + ")"
 		}
-		fmt.Fprintf(w, "  --%-16s %-24s %s%s\n", flagName(s.env), s.env, s.usage, def)
+		fmt.Fprintf(w, "  --%-16s %-25s %s%s\n", flagName(s.env), s.env, s.usage, def)
 	}
 }
 
@@ -228,6 +248,15 @@ func duration(v string, zeroOK bool) (time.Duration, error) {
 		return 0, errors.New("must be greater than 0")
 	}
 	return d, nil
+}
+
+// count parses a whole number from 1 to most.
+func count(v string, most int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > most {
+		return 0, fmt.Errorf("%q is not a whole number from 1 to %d", v, most)
+	}
+	return n, nil
 }
 
 // hostPorts splits a comma-separated list of host:port addresses; an

@@ -29,7 +29,8 @@ func TestConfigDefaults(t *testing.T) {
 		c.LockTTL != 10*time.Second || c.LockWait != 5*time.Second || c.WorkDelay != 0 || c.AdminToken != "" ||
 		c.MySQLDSN != "root@tcp(127.0.0.1:3306)/oversold?parseTime=true" || c.Database != "oversold" ||
 		c.RedisAddr != "127.0.0.1:6379" || len(c.RedlockAddrs) != 0 ||
-		!slices.Equal(c.ZKServers, []string{"127.0.0.1:2181"}) || !slices.Equal(c.EtcdEndpoints, []string{"127.0.0.1:2379"}) {
+		!slices.Equal(c.ZKServers, []string{"127.0.0.1:2181"}) || !slices.Equal(c.EtcdEndpoints, []string{"127.0.0.1:2379"}) ||
+		c.MaxInFlight != 256 || c.RequestTimeout != 15*time.Second || c.MySQLMaxConns != 64 {
 		t.Errorf("defaults: %+v", c)
 	}
 }
@@ -102,6 +103,11 @@ func TestConfigErrors(t *testing.T) {
 			`OVERSOLD_GUARD: fencing needs fencing tokens, and OVERSOLD_LOCK=none has none (want a lock of redis, zookeeper, mysql, etcd, or another guard)`},
 		{[]string{"--guard", "fencing"}, env("OVERSOLD_LOCK", "local"), `OVERSOLD_GUARD: fencing needs fencing tokens, and OVERSOLD_LOCK=local has none...`},
 		{[]string{"--lock", "redlock"}, env("OVERSOLD_GUARD", "fencing"), `OVERSOLD_GUARD: fencing needs fencing tokens, and OVERSOLD_LOCK=redlock has none...`},
+		{nil, env("OVERSOLD_MAX_IN_FLIGHT", "0"), `OVERSOLD_MAX_IN_FLIGHT: "0" is not a whole number from 1 to 1000000`},
+		{nil, env("OVERSOLD_MYSQL_MAX_CONNS", "many"), `OVERSOLD_MYSQL_MAX_CONNS: "many" is not a whole number from 1 to 100000`},
+		{nil, env("OVERSOLD_REQUEST_TIMEOUT", "0s"), `OVERSOLD_REQUEST_TIMEOUT: must be greater than 0`},
+		{nil, env("OVERSOLD_REQUEST_TIMEOUT", "5s"),
+			`OVERSOLD_REQUEST_TIMEOUT: 5s must be longer than OVERSOLD_LOCK_WAIT=5s, or every lock wait ends as a timed-out request`},
 		{[]string{"--nope"}, env(), `flags: flag provided but not defined: -nope`},
 		{[]string{"serve"}, env(), `flags: unexpected argument "serve"`},
 	} {
@@ -140,7 +146,8 @@ func TestFlagNames(t *testing.T) {
 		got = append(got, flagName(s.env))
 	}
 	want := []string{"addr", "instance", "mysql-dsn", "redis-addr", "redlock-addrs", "zk-servers", "etcd-endpoints",
-		"lock", "guard", "lock-ttl", "lock-wait", "work-delay", "batch-max", "batch-wait", "admin-token"}
+		"lock", "guard", "lock-ttl", "lock-wait", "work-delay", "batch-max", "batch-wait", "admin-token",
+		"max-in-flight", "request-timeout", "mysql-max-conns"}
 	if faultHooks {
 		want = append(want, "fault-hook")
 	}

@@ -40,6 +40,10 @@ const (
 	startTimeout = 45 * time.Second
 	// shutdownTimeout bounds the wait for in-flight orders at shutdown.
 	shutdownTimeout = 15 * time.Second
+	// answerGrace is how long an order may outlive its request timeout:
+	// its commit and the steps after it run on bounded contexts of their
+	// own (order/service.go: writeTimeout, afterCommitTimeout).
+	answerGrace = 15 * time.Second
 )
 
 // lockVar names the variable that points a lock backend at its servers,
@@ -106,6 +110,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return &configError{Var: "OVERSOLD_MYSQL_DSN", Err: err}
 	}
 	defer store.Close()
+	store.SetMaxConns(cfg.MySQLMaxConns)
 
 	rdb, err := redisconn.Open(cfg.RedisAddr)
 	if err != nil {
@@ -138,17 +143,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	// or another deployment's on the same Redis, never meets these entries.
 	cache := inventory.New(rdb, "oversold:", store.DatabaseIdentity())
 	svc := order.New(store, cache, locker, order.Config{
-		Instance:   cfg.Instance,
-		Lock:       cfg.Lock,
-		Guard:      cfg.Guard,
-		LockWait:   cfg.LockWait,
-		WorkDelay:  cfg.WorkDelay,
-		BatchMax:   cfg.BatchMax,
-		BatchWait:  cfg.BatchWait,
-		AdminToken: cfg.AdminToken,
-		Logger:     base,
-		Metrics:    metrics,
-		FaultHook:  faultHook(cfg.FaultHook, cfg.Instance, log),
+		Instance:       cfg.Instance,
+		Lock:           cfg.Lock,
+		Guard:          cfg.Guard,
+		LockWait:       cfg.LockWait,
+		WorkDelay:      cfg.WorkDelay,
+		BatchMax:       cfg.BatchMax,
+		BatchWait:      cfg.BatchWait,
+		AdminToken:     cfg.AdminToken,
+		MaxInFlight:    cfg.MaxInFlight,
+		RequestTimeout: cfg.RequestTimeout,
+		Logger:         base,
+		Metrics:        metrics,
+		FaultHook:      faultHook(cfg.FaultHook, cfg.Instance, log),
 	})
 	if err := svc.Start(start); err != nil {
 		if errors.Is(err, order.ErrMixedSettings) {
@@ -165,10 +172,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return &configError{Var: "OVERSOLD_ADDR", Err: err}
 	}
 	srv := &http.Server{
-		Handler:           svc.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(base.Handler(), slog.LevelWarn),
+		Handler: svc.Handler(),
+		// A client has the request timeout to send its whole request,
+		// headers and body: a client that drips its bytes cannot hold a
+		// connection (and an in-flight slot) past it.
+		ReadTimeout: cfg.RequestTimeout,
+		// The answer's bound: the request timeout, and the commit's own
+		// bounded time past it (an order's outcome never depends on the
+		// client's connection).
+		WriteTimeout: cfg.RequestTimeout + answerGrace,
+		IdleTimeout:  2 * time.Minute,
+		ErrorLog:     slog.NewLogLogger(base.Handler(), slog.LevelWarn),
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+)
+
+// TestOverload runs the real orderd against slow clients and more requests
+// than it takes at once.
+func TestOverload(t *testing.T) {
+	t.Parallel()
+	bin := orderdBinary(t)
+	t.Run("slow client", func(t *testing.T) {
+		t.Parallel()
+		slowClient(t, bin)
+	})
+	t.Run("in-flight cap", func(t *testing.T) {
+		t.Parallel()
+		inFlightCap(t, bin)
+	})
+}
+
+// slowClient: a client that sends its request headers, or its headers and
+// then its body, one byte every 200ms cannot hold its connection past
+// OVERSOLD_REQUEST_TIMEOUT (2s here): orderd closes it.
+func slowClient(t *testing.T, bin string) {
+	const timeout = 2 * time.Second
+	base := startOrderd(t, command(bin, "OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=slow",
+		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t), "OVERSOLD_REDIS_ADDR="+testbed.Redis(t), "OVERSOLD_LOCK=local",
+		"OVERSOLD_LOCK_WAIT=1s", "OVERSOLD_REQUEST_TIMEOUT="+timeout.String()))
+	addr := strings.TrimPrefix(base, "http://")
+	body := `{"sku":"slow-1","quantity":1}` + strings.Repeat(" ", 200)
+	for _, c := range []struct{ name, sent, drip string }{
+		{"headers", "POST /v1/orders HTTP/1.1\r\n", "Host: x\r\nContent-Type: application/json\r\nX-Pad: " + strings.Repeat("a", 200) + "\r\n\r\n"},
+		{"body", "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n", body},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			began := time.Now()
+			if _, err := io.WriteString(conn, c.sent); err != nil {
+				t.Fatal(err)
+			}
+			// The reader sees orderd's answer, if any, then the close.
+			closed := make(chan string, 1)
+			go func() {
+				b, _ := io.ReadAll(conn)
+				closed <- string(b)
+			}()
+			var answer string
+		drip:
+			for i := range len(c.drip) {
+				select {
+				case answer = <-closed:
+					break drip
+				case <-time.After(200 * time.Millisecond):
+				}
+				if _, err := io.WriteString(conn, c.drip[i:i+1]); err != nil {
+					answer = <-closed
+					break
+				}
+				if i == len(c.drip)-1 {
+					t.Fatalf("orderd let a client drip its %s for %v, past its %v request timeout", c.name, time.Since(began).Round(time.Millisecond), timeout)
+				}
+			}
+			held := time.Since(began)
+			if held < timeout-100*time.Millisecond || held > 3*timeout {
+				t.Errorf("connection closed after %v, want about the %v request timeout", held, timeout)
+			}
+			if strings.Contains(answer, "127.0.0.1") {
+				t.Errorf("the answer names an address: %q", answer)
+			}
+		})
+	}
+}
+
+// inFlightCap: with OVERSOLD_MAX_IN_FLIGHT=4 and 3s of work per order, 16
+// orders for 16 SKUs released at once: 4 are served, 12 are refused at once
+// (503 unavailable, Retry-After 1 to 3 seconds, all before the first order
+// is done: none waited for a slot) and change nothing, and the probes still
+// answer while the replica is full.
+func inFlightCap(t *testing.T, bin string) {
+	const (
+		limit   = 4
+		clients = 16
+		token   = "cap-token"
+	)
+	base := startOrderd(t, command(bin, "OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=cap",
+		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t), "OVERSOLD_REDIS_ADDR="+testbed.Redis(t), "OVERSOLD_LOCK=local",
+		"OVERSOLD_WORK_DELAY=3s", "OVERSOLD_MAX_IN_FLIGHT="+strconv.Itoa(limit), "OVERSOLD_ADMIN_TOKEN="+token))
+	sku := func(i int) string { return fmt.Sprintf("cap-%d", i) }
+	for i := range clients {
+		put(t, base, token, sku(i), 10)
+	}
+
+	type answer struct {
+		code       int
+		retryAfter string
+		body       string
+		at         time.Time
+	}
+	answers := make([]answer, clients)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			<-start
+			code, h, body := postOrder(base, sku(i), 1, "cap-key-"+strconv.Itoa(i))
+			answers[i] = answer{code, h.Get("Retry-After"), body, time.Now()}
+		})
+	}
+	close(start)
+
+	// While the served orders work, the probes answer.
+	time.Sleep(time.Second)
+	for _, path := range []string{"/readyz", "/healthz", "/metrics"} {
+		if res, err := testClient.Get(base + path); err != nil || res.StatusCode != http.StatusOK {
+			t.Errorf("GET %s while full: %v %v, want 200", path, res, err)
+		} else {
+			res.Body.Close()
+		}
+	}
+	wg.Wait()
+
+	var served, refused []int
+	var firstServed time.Time
+	for i, a := range answers {
+		switch a.code {
+		case http.StatusCreated:
+			served = append(served, i)
+			if firstServed.IsZero() || a.at.Before(firstServed) {
+				firstServed = a.at
+			}
+		case http.StatusServiceUnavailable:
+			refused = append(refused, i)
+			var e struct{ Error struct{ Code string } }
+			if json.Unmarshal([]byte(a.body), &e) != nil || e.Error.Code != "unavailable" {
+				t.Errorf("refused order %d: %s, want code unavailable", i, a.body)
+			}
+			if n, err := strconv.Atoi(a.retryAfter); err != nil || n < 1 || n > 3 {
+				t.Errorf("refused order %d: Retry-After %q, want 1 to 3", i, a.retryAfter)
+			}
+		default:
+			t.Errorf("order %d: %d %s", i, a.code, a.body)
+		}
+	}
+	if len(served) != limit || len(refused) != clients-limit {
+		t.Fatalf("%d served, %d refused, want %d and %d", len(served), len(refused), limit, clients-limit)
+	}
+	for _, i := range refused {
+		if !answers[i].at.Before(firstServed) {
+			t.Errorf("refused order %d answered after a served one finished: it waited for a slot", i)
+		}
+		if stock := inventoryStock(t, base, sku(i)); stock != 10 {
+			t.Errorf("refused order %d: %s has stock %d, want 10 (nothing changed)", i, sku(i), stock)
+		}
+	}
+	for _, i := range served {
+		if stock := inventoryStock(t, base, sku(i)); stock != 9 {
+			t.Errorf("served order %d: %s has stock %d, want 9", i, sku(i), stock)
+		}
+	}
+	// A refused key was never recorded: sent again, it is a new order.
+	if code, body := post(t, base, sku(refused[0]), 1, "cap-key-"+strconv.Itoa(refused[0])); code != http.StatusCreated {
+		t.Errorf("a refused order sent again: %d %s, want 201", code, body)
+	}
+	if m := metricsText(t, base); !strings.Contains(m, `oversold_http_refused_total{replica="cap"} `+strconv.Itoa(clients-limit)) {
+		t.Errorf("metrics do not count %d refused requests", clients-limit)
+	}
+}
+
+// inventoryStock is sku's stock as GET /v1/inventory/{sku} tells it.
+func inventoryStock(t *testing.T, base, sku string) int64 {
+	t.Helper()
+	res, err := testClient.Get(base + "/v1/inventory/" + sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var item struct{ Stock int64 }
+	if err := json.NewDecoder(res.Body).Decode(&item); err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("GET inventory %s: %d %v", sku, res.StatusCode, err)
+	}
+	return item.Stock
+}
+
+func metricsText(t *testing.T, base string) string {
+	t.Helper()
+	res, err := testClient.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
+}
