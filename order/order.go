@@ -74,6 +74,7 @@ type Store interface {
 	Order(ctx context.Context, id string) (storage.Order, error)
 	OrderByKey(ctx context.Context, key string) (storage.Order, error)
 	Inventory(ctx context.Context, sku string) (storage.Inventory, error)
+	InventoryLatest(ctx context.Context, sku string) (storage.Inventory, error)
 	PutInventory(ctx context.Context, p storage.Put) (storage.Inventory, error)
 	Ping(ctx context.Context) error
 

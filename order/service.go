@@ -605,12 +605,14 @@ func (s *Service) confirm(ctx context.Context, sku string, lease locking.Lease) 
 
 // loader reads a SKU's stock from MySQL. Without a lease, concurrent reads
 // of one SKU in this replica share one query (a hot SKU's misses would
-// otherwise all reach MySQL at once). A lease holder reads alone: a shared
-// query may have started before the previous holder's commit.
+// otherwise all reach MySQL at once). A lease holder reads alone, the
+// latest commit (storage.InventoryLatest): a shared or plain read may
+// predate the previous holder's commit, and the none and fencing guards
+// would write on it.
 func (s *Service) loader(sku string, lease locking.Lease) func(context.Context) (inventory.Item, error) {
 	if lease != nil {
 		return func(ctx context.Context) (inventory.Item, error) {
-			inv, err := s.store.Inventory(ctx, sku)
+			inv, err := s.store.InventoryLatest(ctx, sku)
 			return toItem(inv), err
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/storage"
@@ -178,5 +179,57 @@ func TestPutConditions(t *testing.T) {
 	}
 	if a := audit(t, s, "pc"); a.Stock != 50 || a.Orders != 0 {
 		t.Errorf("audit %+v, want the reset's stock 50 and no order", a)
+	}
+}
+
+// TestInventoryLatest: while another transaction has written the row and
+// not committed (a holder frozen between its UPDATE and its COMMIT), a
+// plain read sees the old stock and InventoryLatest waits for the commit
+// and sees the new one.
+func TestInventoryLatest(t *testing.T) {
+	t.Parallel()
+	dsn := testbed.MySQL(t)
+	s, err := storage.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	put(t, s, "lat", 10)
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tx, err := db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(t.Context(), "UPDATE inventory SET stock = 7, version = version + 1 WHERE sku = 'lat'"); err != nil {
+		t.Fatal(err)
+	}
+	latest := make(chan storage.Inventory, 1)
+	go func() {
+		inv, err := s.InventoryLatest(t.Context(), "lat")
+		if err != nil {
+			t.Error(err)
+		}
+		latest <- inv
+	}()
+	if inv, err := s.Inventory(t.Context(), "lat"); err != nil || inv.Stock != 10 {
+		t.Errorf("plain read during the write: %+v, %v; want the committed 10", inv, err)
+	}
+	select {
+	case inv := <-latest:
+		t.Fatalf("InventoryLatest returned %+v before the writer committed", inv)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if inv := <-latest; inv.Stock != 7 || inv.Version != 2 {
+		t.Errorf("InventoryLatest after the commit: %+v, want stock 7 version 2", inv)
+	}
+	if _, err := s.InventoryLatest(t.Context(), "lat-none"); !errors.Is(err, storage.ErrUnknownSKU) {
+		t.Errorf("InventoryLatest of a missing SKU: %v, want ErrUnknownSKU", err)
 	}
 }

@@ -239,6 +239,21 @@ func (s *Store) takeOrder(ctx context.Context, where string, arg string) (Order,
 	return o, err
 }
 
+// InventoryLatest returns the SKU's row as last committed, waiting for a
+// write in flight to commit or roll back first: a share-locked read, in
+// a statement of its own, taken for its wait and not kept. A lease holder
+// reads so when the cache cannot tell it: the previous holder may have
+// been frozen (or cut off) between its UPDATE and its COMMIT, its row lock
+// held, and a plain read would see the stock from before that write.
+func (s *Store) InventoryLatest(ctx context.Context, sku string) (Inventory, error) {
+	var inv Inventory
+	err := s.db.WithContext(ctx).Raw("SELECT * FROM inventory WHERE sku = ? LOCK IN SHARE MODE", sku).Scan(&inv).Error
+	if err == nil && inv.SKU == "" {
+		err = ErrUnknownSKU
+	}
+	return inv, err
+}
+
 // Inventory returns the SKU's inventory row.
 func (s *Store) Inventory(ctx context.Context, sku string) (Inventory, error) {
 	var inv Inventory
