@@ -28,6 +28,28 @@ func TestOverload(t *testing.T) {
 		t.Parallel()
 		inFlightCap(t, bin)
 	})
+	t.Run("request deadline", func(t *testing.T) {
+		t.Parallel()
+		requestDeadline(t, bin)
+	})
+}
+
+// requestDeadline: an order whose work (3s) outlasts OVERSOLD_REQUEST_TIMEOUT
+// (2s) is answered 503 unavailable, and sells nothing (without the
+// deadline it would be 201).
+func requestDeadline(t *testing.T, bin string) {
+	const token = "deadline-token"
+	base := startOrderd(t, command(bin, "OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=deadline",
+		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t), "OVERSOLD_REDIS_ADDR="+testbed.Redis(t), "OVERSOLD_LOCK=local",
+		"OVERSOLD_LOCK_WAIT=1s", "OVERSOLD_REQUEST_TIMEOUT=2s", "OVERSOLD_WORK_DELAY=3s", "OVERSOLD_ADMIN_TOKEN="+token))
+	put(t, base, token, "late-1", 10)
+	code, _, body := postOrder(base, "late-1", 1, "")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, `"unavailable"`) {
+		t.Errorf("an order past its deadline: %d %s, want 503 unavailable", code, body)
+	}
+	if stock := inventoryStock(t, base, "late-1"); stock != 10 {
+		t.Errorf("stock %d after an order past its deadline, want 10", stock)
+	}
 }
 
 // slowClient: a client that sends its request headers, or its headers and
