@@ -141,6 +141,19 @@ func (c *Cluster) startNodes(ctx context.Context, n int, start func(ctx context.
 
 func (c *Cluster) nodeDir(i int) string { return filepath.Join(c.Dir, "node"+strconv.Itoa(i+1)) }
 
+// retryPorts starts a cluster again, on fresh ports, when another process
+// took one of the ports picked for it before its node could bind it (all
+// are picked up front: each node's config names the others'). Only in a
+// directory of its own: a half-made one would be reused.
+func retryPorts(ctx context.Context, o ClusterOptions, start func(context.Context) (*Cluster, error)) (*Cluster, error) {
+	for attempt := 1; ; attempt++ {
+		c, err := start(ctx)
+		if err == nil || o.Dir != "" || attempt == portAttempts || !errors.Is(err, errPortTaken) || ctx.Err() != nil {
+			return c, err
+		}
+	}
+}
+
 // clusterTimeout bounds a whole cluster start: its nodes start at once, and
 // a Redis Cluster then forms.
 const clusterTimeout = 2 * startTimeout

@@ -15,6 +15,10 @@ import (
 // needs a leader. A member killed and restarted keeps its data directory
 // and rejoins as itself.
 func StartEtcdCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
+	return retryPorts(ctx, o, func(ctx context.Context) (*Cluster, error) { return startEtcdCluster(ctx, o) })
+}
+
+func startEtcdCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 	const n = 3
 	c, ports, err := newCluster(KindEtcd, o, n, 2) // client, peer
 	if err != nil {

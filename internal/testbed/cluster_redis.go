@@ -24,6 +24,10 @@ const RedisClusterNodeTimeout = time.Second
 // (cluster-replica-validity-factor 0), as a failover that loses writes
 // needs.
 func StartRedisCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
+	return retryPorts(ctx, o, func(ctx context.Context) (*Cluster, error) { return startRedisCluster(ctx, o) })
+}
+
+func startRedisCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 	const masters, n = 3, 6
 	c, ports, err := newCluster(KindRedis, o, n, 1)
 	if err != nil {

@@ -27,6 +27,10 @@ const zkSyncLimit = 25
 // addr (quorum or election): a proxy there lets a fault cut one node off
 // from the others while its clients still reach it.
 func StartZooKeeperEnsemble(ctx context.Context, o ClusterOptions, peer func(from, to, port int) (int, error)) (*Cluster, error) {
+	return retryPorts(ctx, o, func(ctx context.Context) (*Cluster, error) { return startZooKeeperEnsemble(ctx, o, peer) })
+}
+
+func startZooKeeperEnsemble(ctx context.Context, o ClusterOptions, peer func(from, to, port int) (int, error)) (*Cluster, error) {
 	const n = 3
 	c, ports, err := newCluster(KindZooKeeper, o, n, 3) // client, quorum, election
 	if err != nil {

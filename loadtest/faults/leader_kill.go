@@ -33,6 +33,15 @@ func EtcdLeaderKill() loadtest.Fault {
 	})
 }
 
+// leaderKillTTL is the shortest lock TTL the leader-kill scenarios run
+// with. The holder's lease must outlive the election and its client's move
+// to another server: its Lost closes when no renewal succeeded for the TTL
+// (counted from the last renewal, up to TTL/3 before the kill). On this
+// 2-core machine shared with other work an election and the move took up
+// to 1.7 s, more than a 2 s lease has left; production leases are 10 s and
+// more (etcd's concurrency sessions default to 60 s).
+const leaderKillTTL = 3 * time.Second
+
 // leaderKill is a leader-kill scenario on backend's cluster, which every
 // run gets to itself (a killed leader must not disturb the next run): the
 // lab's --topology cluster servers are left alone.
@@ -40,6 +49,7 @@ func leaderKill(backend string, startCluster func(context.Context) (*testbed.Clu
 	type state struct {
 		hook    *insideHook
 		cluster *testbed.Cluster
+		life    time.Duration // the replicas' lease life
 	}
 	var runs perRun[state]
 	return loadtest.Fault{
@@ -60,7 +70,15 @@ func leaderKill(backend string, startCluster func(context.Context) (*testbed.Clu
 				run.Servers.EtcdEndpoints = c.Addrs()
 			}
 			hookEveryReplica(run, hook)
-			runs.put(run, state{hook, c})
+			life := leaseLife(run)
+			if t := ttl(run); t < leaderKillTTL {
+				for _, env := range run.ReplicaEnv {
+					env["OVERSOLD_LOCK_TTL"] = leaderKillTTL.String()
+				}
+				run.Eventf("lock TTL raised from %s to %s for this scenario: the lease must outlive the election and the client's move to another server", t, leaderKillTTL)
+				life += leaderKillTTL - t
+			}
+			runs.put(run, state{hook, c, life})
 			return func() {
 				runs.drop(run)
 				hook.Close()
@@ -110,7 +128,7 @@ func leaderKill(backend string, startCluster func(context.Context) (*testbed.Clu
 			// and granted the rival by then.
 			t1 := time.Now()
 			second := d.send(ctx, next, "rival")
-			hold := leaseLife(run) + 500*time.Millisecond
+			hold := st.life + 500*time.Millisecond
 			select {
 			case c2 := <-rival:
 				run.Eventf("%s took the same lock %s after the kill, while %s still held it: two holders", c2, since(t0), c.Replica)
