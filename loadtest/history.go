@@ -20,8 +20,9 @@ import (
 //
 // The model: an order of quantity 1 answered 201 takes one from a stock of
 // at least 1; answered 409 out_of_stock, it found the stock at 0; refused
-// otherwise (409 conflict or lock_lost, 4xx) it changed nothing. An order
-// with no definite answer (no response, 503, 5xx) may or may not have taken
+// otherwise (409 conflict or lock_lost, 4xx, 503 lock_timeout) it changed
+// nothing. An order with no definite answer (no response, 503 unavailable,
+// 5xx) may or may not have taken
 // one, at any moment before the final read (the replicas are stopped by
 // then). The read must see the counter. So an oversell (more 201s than
 // stock), a lost update (the read sees more stock than the 201s left) and an
@@ -44,9 +45,10 @@ type stockIn struct {
 }
 
 type stockOut struct {
-	code  int    // HTTP status of an order (0: none)
-	error string // its error code, for a 409
-	stock int    // what a read saw
+	code    int    // HTTP status of an order (0: none)
+	error   string // its error code
+	refused bool   // it wrote nothing (see refused)
+	stock   int    // what a read saw
 }
 
 // stockModel is a stock counter per SKU (Init is the initial stock of
@@ -89,8 +91,8 @@ func stockModel(initial int) porcupine.Model {
 					return []any{s}
 				}
 				return nil
-			case out.code >= 400 && out.code < 500:
-				return []any{s} // refused: nothing written
+			case out.refused:
+				return []any{s} // nothing written
 			default: // no definite answer: either
 				if s >= 1 {
 					return []any{s, s - 1}
@@ -129,7 +131,7 @@ func CheckHistory(answers []Answer, initial int, final map[string]int, readAt ti
 			ret = end - 1 // it may have taken effect at any time until the replicas stopped
 		}
 		ops = append(ops, porcupine.Operation{
-			ClientId: i, Input: stockIn{sku: a.SKU}, Output: stockOut{code: a.Code, error: a.Error},
+			ClientId: i, Input: stockIn{sku: a.SKU}, Output: stockOut{code: a.Code, error: a.Error, refused: refused(a)},
 			Call: a.Sent.UnixNano(), Return: max(ret, a.Sent.UnixNano()),
 		})
 	}
@@ -186,14 +188,18 @@ func countVerdict(answers []Answer, initial int, final map[string]int) (string, 
 	return "", false
 }
 
-// refused: a 4xx other than out_of_stock, which wrote nothing.
+// refused: a 4xx other than out_of_stock, or a 503 lock_timeout (the lock
+// was never granted): nothing written.
 func refused(a Answer) bool {
+	if a.Code == http.StatusServiceUnavailable {
+		return a.Error == "lock_timeout"
+	}
 	return a.Code >= 400 && a.Code < 500 && !(a.Code == http.StatusConflict && a.Error == "out_of_stock")
 }
 
 // definite: the order's answer says what it did.
 func definite(a Answer) bool {
-	return a.Code == http.StatusCreated || a.Code == http.StatusOK || (a.Code >= 400 && a.Code < 500)
+	return a.Code == http.StatusCreated || a.Code == http.StatusOK || refused(a) || (a.Code == http.StatusConflict && a.Error == "out_of_stock")
 }
 
 // finalStock reads each SKU's stock from MySQL.

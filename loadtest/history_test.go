@@ -29,6 +29,8 @@ func TestCheckHistory(t *testing.T) {
 		{"out of stock before the last unit went", 3, []Answer{order(0, 10, 201, ""), order(0, 10, 201, ""), order(5, 8, 409, "out_of_stock"), order(9, 50, 0, "")}, 0, NotLinearizable},
 		{"a refused order changes nothing", 0, []Answer{order(0, 10, 409, "lock_lost"), order(20, 30, 201, "")}, 1, Linearizable},
 		{"no answer: it took one", 0, []Answer{order(0, 10, 0, ""), order(20, 30, 201, "")}, 0, Linearizable},
+		{"a lock timeout took none", 0, []Answer{order(0, 10, 503, "lock_timeout"), order(20, 30, 201, "")}, 1, Linearizable},
+		{"a lock timeout cannot explain a missing unit", 0, []Answer{order(0, 10, 503, "lock_timeout"), order(20, 30, 201, "")}, 0, NotLinearizable},
 		{"no answer: it took none", 0, []Answer{order(0, 10, 503, "unavailable"), order(20, 30, 201, "")}, 1, Linearizable},
 		{"no answer cannot explain a third sale", 0, []Answer{order(0, 10, 0, ""), order(20, 30, 201, ""), order(40, 50, 201, "")}, 1, NotLinearizable},
 	}
