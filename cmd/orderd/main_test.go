@@ -261,7 +261,8 @@ func lockGrants(t *testing.T, base string) string {
 }
 
 func metrics(t *testing.T, base string) string {
-	res, err := http.Get(base + "/metrics")
+	t.Helper()
+	res, err := testClient.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -199,7 +199,7 @@ func inFlightCap(t *testing.T, bin string) {
 	if code, body := post(t, base, sku(refused[0]), 1, "cap-key-"+strconv.Itoa(refused[0])); code != http.StatusCreated {
 		t.Errorf("a refused order sent again: %d %s, want 201", code, body)
 	}
-	if m := metricsText(t, base); !strings.Contains(m, `oversold_http_refused_total{replica="cap"} `+strconv.Itoa(clients-limit)) {
+	if m := metrics(t, base); !strings.Contains(m, `oversold_http_refused_total{replica="cap"} `+strconv.Itoa(clients-limit)) {
 		t.Errorf("metrics do not count %d refused requests", clients-limit)
 	}
 }
@@ -217,15 +217,4 @@ func inventoryStock(t *testing.T, base, sku string) int64 {
 		t.Fatalf("GET inventory %s: %d %v", sku, res.StatusCode, err)
 	}
 	return item.Stock
-}
-
-func metricsText(t *testing.T, base string) string {
-	t.Helper()
-	res, err := testClient.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return string(b)
 }
