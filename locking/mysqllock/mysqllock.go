@@ -207,18 +207,29 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	if err := l.prepare(ctx); err != nil {
 		return nil, l.failed(ctx, key, err)
 	}
-	qc, err := l.takeQueueConn(ctx)
-	if err != nil {
-		return nil, l.failed(ctx, key, err)
-	}
-	s, err := l.acquire(ctx, key, qc)
-	if err != nil {
+	for try := 0; ; try++ {
+		qc, err := l.takeQueueConn(ctx)
+		if err != nil {
+			return nil, l.failed(ctx, key, err)
+		}
+		s, err := l.acquire(ctx, key, qc)
+		if err == nil {
+			return s, nil
+		}
 		// It may hold the named lock, or be broken by a cancelled wait.
 		l.putQueueConn(qc, false)
-		return nil, err
+		if !errors.Is(err, errStaleQueueConn) || try > 0 {
+			return nil, err
+		}
+		// An idle queue connection the server dropped (a restart, its
+		// wait_timeout, a KILL): so are its idle peers, likely. Nothing
+		// was done yet: try once more on a fresh one.
+		l.closeIdleQueue()
 	}
-	return s, nil
 }
+
+// errStaleQueueConn: the first statement on a queue connection failed.
+var errStaleQueueConn = errors.New("queue connection failed")
 
 // acquire grabs the row, queued on qc's named lock when qc is not nil. The
 // returned lease keeps qc if it holds the named lock; else qc goes back.
@@ -230,7 +241,7 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (*lease
 		// q is free unless the key is held or waited for, and then we
 		// join the wait below instead of grabbing.
 		if queued, err = qc.lock(ctx, q, 0); err != nil {
-			return nil, l.failed(ctx, key, err)
+			return nil, l.failed(ctx, key, fmt.Errorf("%w: %w", errStaleQueueConn, err))
 		}
 	}
 	poll := l.cfg.MinPoll

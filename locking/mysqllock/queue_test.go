@@ -115,3 +115,59 @@ func TestStaleNamedLockDoesNotBlock(t *testing.T) {
 		t.Errorf("the stale named lock changed hands: %v, %v", holder, err)
 	}
 }
+
+// An idle queue connection the server dropped (KILL, a restart, its
+// wait_timeout) costs a retry, not a failed Acquire.
+func TestDroppedQueueConnection(t *testing.T) {
+	dsn := testbed.MySQL(t)
+	l := newLocker(t, dsn, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	lease, err := l.Acquire(ctx, "sku/dropped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Kill every other connection to this test's database: the Locker's
+	// idle queue connection among them.
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rows, err := conn.QueryContext(ctx, `SELECT ID FROM information_schema.PROCESSLIST
+		WHERE DB = DATABASE() AND ID <> CONNECTION_ID()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if len(ids) == 0 {
+		t.Fatal("no connection of the Locker to kill")
+	}
+	for _, id := range ids {
+		if _, err := conn.ExecContext(ctx, "KILL ?", id); err != nil {
+			t.Fatalf("KILL %d: %v", id, err)
+		}
+	}
+	if lease, err = l.Acquire(ctx, "sku/dropped"); err != nil {
+		t.Fatalf("Acquire after the server dropped the Locker's connections: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
