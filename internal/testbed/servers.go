@@ -332,6 +332,10 @@ func etcdFlags(s *Server, dataDir string) []string {
 		"--initial-cluster-state=new",
 		"--logger=zap",
 		"--log-outputs=stderr",
+		// Every lock grant is a revision: without compaction the
+		// database grows until it hits its quota.
+		"--auto-compaction-mode=revision",
+		"--auto-compaction-retention=10000",
 	}
 	return append(flags, s.opts.Args...)
 }

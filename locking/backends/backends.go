@@ -36,6 +36,10 @@ type Config struct {
 	ZKServers     []string
 	EtcdEndpoints []string
 	MySQLDSN      string
+	// FallbackWait, if set, replaces the jittered fallback timer of a queued
+	// waiter on redis and redlock (which a release message cuts short).
+	// Tests set a long one to prove that wake-ups alone keep a queue moving.
+	FallbackWait time.Duration
 
 	// OnRenewalFailed, if set, hears every failed lease renewal (metrics).
 	OnRenewalFailed func(key string, err error) `json:"-"`
@@ -68,7 +72,12 @@ func Open(ctx context.Context, name string, cfg Config) (locking.Locker, error) 
 			client.Close()
 			return nil, unavailable(name, err)
 		}
-		l := redislock.New(client, redislock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+		if err := redislock.CheckEviction(ctx, client); err != nil {
+			client.Close()
+			return nil, fmt.Errorf("redis lock: %w", err)
+		}
+		l := redislock.New(client, redislock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed,
+			MinBackoff: cfg.FallbackWait, MaxBackoff: cfg.FallbackWait})
 		return owned{Locker: l, closers: []func() error{client.Close}}, nil
 	case "redlock":
 		var (
@@ -88,7 +97,8 @@ func Open(ctx context.Context, name string, cfg Config) (locking.Locker, error) 
 			}
 			clients, closers = append(clients, c), append(closers, c.Close)
 		}
-		l, err := redlock.New(clients, redlock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+		l, err := redlock.New(clients, redlock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed,
+			MinBackoff: cfg.FallbackWait, MaxBackoff: cfg.FallbackWait})
 		if err != nil {
 			closeAll()
 			return nil, err
@@ -96,6 +106,17 @@ func Open(ctx context.Context, name string, cfg Config) (locking.Locker, error) 
 		if err := l.Ping(ctx); err != nil { // a majority must answer
 			closeAll()
 			return nil, unavailable(name, err)
+		}
+		// An evicting node is a vote that can vanish: check every node up
+		// (a minority may be down at start; a majority answered Ping).
+		for _, c := range clients {
+			if c.Ping(ctx).Err() != nil {
+				continue
+			}
+			if err := redislock.CheckEviction(ctx, c); err != nil {
+				closeAll()
+				return nil, fmt.Errorf("redlock lock: %w", err)
+			}
 		}
 		return owned{Locker: l, closers: closers}, nil
 	case "mysql":

@@ -25,8 +25,9 @@
 //     .Else(get), so a retry after a lost reply finds the key it made.
 //   - Nothing left behind: a wait ended by ctx or a failure deletes its own
 //     key. Cleanup never uses the caller's ctx: it runs in the background
-//     with fresh bounded contexts, until done, the session ends, or Close,
-//     and the caller waits for it a bounded time. A failed Release goes on
+//     with fresh bounded contexts, until done, the session ends, or Close;
+//     the caller does not wait for it (a cancelled Acquire returns at once).
+//     A failed Release goes on
 //     deleting in the background the same way, since a key left behind
 //     would hold the lock for as long as the session lives.
 //
@@ -105,13 +106,8 @@ const (
 	// watchDelay is how long a lease is held before it watches its own key
 	// (see hold).
 	watchDelay = 20 * time.Millisecond
-	// cleanupWait bounds how long Acquire and Release wait for their cleanup;
-	// what is left goes on in the background until done or Close.
-	cleanupWait = 5 * time.Second
 	// tries bounds every retry loop that does not end with a ctx.
 	tries = 5
-	// cleanupTries bounds a background delete.
-	cleanupTries = 20
 )
 
 // Config tunes a Locker. Zero values mean the documented defaults.
@@ -327,7 +323,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			break
 		}
 	}
-	return nil, fmt.Errorf("acquire %q: %w", key, err)
+	return nil, locking.AcquireError(ctx, key, err)
 }
 
 func (l *Locker) acquire(ctx context.Context, key, pfx string) (*lease, error) {
@@ -342,7 +338,7 @@ func (l *Locker) acquire(ctx context.Context, key, pfx string) (*lease, error) {
 	}
 	s, err := l.wait(ctx, sess, key, pfx, me, q)
 	if err != nil {
-		l.cleanup(func() { l.remove(ctx, sess, me, q.rev) })
+		l.spawn(func() { l.remove(ctx, sess, me, q.rev) })
 	}
 	return s, err
 }
@@ -373,11 +369,11 @@ func (l *Locker) enqueue(ctx context.Context, sess *session, pfx, me string) (qu
 	select {
 	case r := <-res:
 		if r.err != nil {
-			l.cleanup(func() { l.remove(ctx, sess, me, 0) })
+			l.spawn(func() { l.remove(ctx, sess, me, 0) })
 		}
 		return r.q, r.err
 	case <-ctx.Done():
-		l.cleanup(func() {
+		l.spawn(func() {
 			r := <-res
 			l.remove(ctx, sess, me, r.q.rev)
 		})
@@ -563,7 +559,7 @@ func (l *Locker) remove(ctx context.Context, sess *session, me string, rev int64
 	if rev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(me), ">", 0)
 	}
-	for try := range cleanupTries {
+	for try := 0; ; try++ {
 		if sess.ctx.Err() != nil {
 			return // the lease expires or is revoked, and our key with it
 		}
@@ -573,20 +569,6 @@ func (l *Locker) remove(ctx context.Context, sess *session, me string, rev int64
 		if err == nil || !l.sleep(context.Background(), backoff(try)) {
 			return
 		}
-	}
-}
-
-// cleanup runs f in the background and waits for it a bounded time.
-func (l *Locker) cleanup(f func()) {
-	done := make(chan struct{})
-	if !l.spawn(func() { defer close(done); f() }) {
-		return // Close revokes the session, and its keys with it
-	}
-	t := time.NewTimer(cleanupWait)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
 	}
 }
 

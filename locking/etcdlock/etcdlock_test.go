@@ -36,20 +36,29 @@ func conformance(t *testing.T, endpoints []string) {
 	locktest.Run(t, locktest.Backend{
 		Name:   "etcd",
 		Config: backends.Config{EtcdEndpoints: endpoints, TTL: ttl},
-		// Delete the holder's key: the oldest in the key's queue.
-		Steal: func(ctx context.Context, key string) error {
-			return withClient(endpoints, func(c *clientv3.Client) error {
+		// Replace the holder's key (the oldest in the key's queue) with a
+		// rival's key without a lease, which then holds the lock.
+		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
+			rival := queue(key) + "rival"
+			err := withClient(endpoints, func(c *clientv3.Client) error {
 				resp, err := c.Get(ctx, queue(key), clientv3.WithFirstCreate()...)
 				if err != nil {
 					return err
 				}
 				if len(resp.Kvs) == 0 {
-					return errors.New("no holder to steal from")
+					return errors.New("no holder to take over from")
 				}
-				_, err = c.Delete(ctx, string(resp.Kvs[0].Key))
+				_, err = c.Txn(ctx).Then(clientv3.OpDelete(string(resp.Kvs[0].Key)), clientv3.OpPut(rival, "")).Commit()
 				return err
 			})
+			return func(ctx context.Context) error {
+				return withClient(endpoints, func(c *clientv3.Client) error {
+					_, err := c.Delete(ctx, rival)
+					return err
+				})
+			}, err
 		},
+		QueueConfig: &backends.Config{EtcdEndpoints: endpoints, TTL: ttl},
 		Leftovers: func(ctx context.Context, key string) (n int, err error) {
 			err = withClient(endpoints, func(c *clientv3.Client) error {
 				resp, err := c.Get(ctx, queue(key), clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -241,4 +250,32 @@ func BenchmarkHotKey(b *testing.B) {
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(began).Seconds(), "handoffs/s")
+}
+
+// A cancelled Acquire returns at once even when the delete of its key
+// cannot reach the server; the delete lands once the server is back.
+func TestCancelWhileServerPaused(t *testing.T) {
+	srv, err := testbed.StartEtcd(t.Context(), testbed.Options{})
+	if errors.Is(err, testbed.ErrMissing) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	endpoints := []string{srv.Addr}
+	locktest.CancelWhileServerPaused(t, locktest.Backend{
+		Name:   "etcd",
+		Config: backends.Config{EtcdEndpoints: endpoints, TTL: 5 * time.Second}, // outlives the pause
+		Leftovers: func(ctx context.Context, key string) (n int, err error) {
+			err = withClient(endpoints, func(c *clientv3.Client) error {
+				resp, err := c.Get(ctx, queue(key), clientv3.WithPrefix(), clientv3.WithCountOnly())
+				if err == nil {
+					n = int(resp.Count)
+				}
+				return err
+			})
+			return n, err
+		},
+	}, srv)
 }

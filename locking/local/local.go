@@ -8,6 +8,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -17,11 +18,15 @@ import (
 
 var _ locking.Locker = (*Locker)(nil)
 
+// ErrClosed is returned by Acquire on a closed Locker.
+var ErrClosed = errors.New("local: locker closed")
+
 // Locker holds one entry per key while anyone holds or waits for it.
 type Locker struct {
 	mu     sync.Mutex
 	keys   map[string]*entry
 	tokens atomic.Uint64 // one counter for all keys: entries come and go
+	closed atomic.Bool
 }
 
 type entry struct {
@@ -34,6 +39,9 @@ func New() *Locker { return &Locker{keys: make(map[string]*entry)} }
 
 // Acquire waits for the key's mutex or for ctx.
 func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error) {
+	if l.closed.Load() {
+		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
+	}
 	l.mu.Lock()
 	e := l.keys[key]
 	if e == nil {
@@ -52,8 +60,12 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	return &lease{locker: l, key: key, entry: e, token: l.tokens.Add(1), lost: make(chan struct{})}, nil
 }
 
-// Close does nothing: there is nothing outside the process to let go of.
-func (l *Locker) Close() error { return nil }
+// Close makes later Acquires fail. Leases still held stay held: there is
+// nothing outside the process to let go of.
+func (l *Locker) Close() error {
+	l.closed.Store(true)
+	return nil
+}
 
 func (l *Locker) unref(key string, e *entry) {
 	l.mu.Lock()

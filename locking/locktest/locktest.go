@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,9 +46,14 @@ type Backend struct {
 	// InProcess marks a lock that is exclusive only within one process
 	// (local): the cross-process, expiry and theft checks do not apply.
 	InProcess bool
-	// Steal takes the lease on key away behind its holder's back: deletes
-	// the key, expires the session, hands the row to someone else.
-	Steal func(ctx context.Context, key string) error
+	// TakeOver puts another owner's claim in place of the holder's on key
+	// (its value, node, key or row), as a holder granted after a pause
+	// would be, for longer than the test runs. drop removes that claim.
+	TakeOver func(ctx context.Context, key string) (drop func(context.Context) error, err error)
+	// QueueConfig, if set, is Config with the waiters' fallback timers
+	// turned off, so only a wake-up can end a wait: the queue test runs
+	// with it.
+	QueueConfig *backends.Config
 	// Leftovers counts what the server holds for key (keys, znodes, rows).
 	Leftovers func(ctx context.Context, key string) (int, error)
 	// Expiry bounds how long a dead holder's lock takes to free; 0 = the TTL.
@@ -102,6 +108,13 @@ func Run(t *testing.T, b Backend) {
 		exclusiveAcrossProcesses(t, b, prefix+"/mx-processes")
 	})
 	t.Run("ReleaseByOwnerOnly", func(t *testing.T) { releaseByOwnerOnly(t, b, prefix+"/owner") })
+	t.Run("LostWhenTakenOver", func(t *testing.T) {
+		if b.TakeOver == nil {
+			t.Skip("this backend's leases cannot be taken over")
+		}
+		lostWhenTakenOver(t, b, prefix+"/takeover")
+	})
+	t.Run("ClosedLockerRefuses", func(t *testing.T) { closedRefuses(t, b, prefix+"/closed") })
 	t.Run("WaitDeadline", func(t *testing.T) { waitDeadline(t, b, prefix+"/deadline") })
 	t.Run("TokensIncrease", func(t *testing.T) { tokensIncrease(t, b, prefix+"/tokens") })
 	t.Run("RenewalKeepsLease", func(t *testing.T) {
@@ -116,11 +129,11 @@ func Run(t *testing.T, b Backend) {
 		}
 		killedHolderFrees(t, b, prefix+"/killed")
 	})
-	t.Run("LostWhenStolen", func(t *testing.T) {
-		if b.Steal == nil {
-			t.Skip("this backend's leases cannot be taken away")
+	t.Run("CancelledWaiterMidQueue", func(t *testing.T) {
+		if b.QueueConfig == nil {
+			t.Skip("this backend has no queue of waiters to wake")
 		}
-		lostWhenStolen(t, b, prefix+"/stolen")
+		cancelledWaiterMidQueue(t, b, prefix+"/midqueue")
 	})
 }
 
@@ -141,6 +154,7 @@ func open(t *testing.T, b Backend) locking.Locker {
 	if err != nil {
 		t.Fatalf("open %s: %v", b.Name, err)
 	}
+	l = breakLocker(l)
 	t.Cleanup(func() {
 		if err := l.Close(); err != nil {
 			t.Errorf("close %s: %v", b.Name, err)
@@ -188,6 +202,11 @@ func hammer(t *testing.T, lockers []locking.Locker, key string, workers, rounds 
 				if inside.Add(1) != 1 {
 					overlaps.Add(1)
 				}
+				select {
+				case <-lease.Lost():
+					t.Errorf("Lost closed on a lease just granted and held")
+				default:
+				}
 				if tok := lease.Token(); tok == 0 {
 					noToken.Store(true)
 				} else if prev := lastToken.Swap(tok); tok <= prev {
@@ -196,6 +215,11 @@ func hammer(t *testing.T, lockers []locking.Locker, key string, workers, rounds 
 				v := counter.Load()
 				time.Sleep(100 * time.Microsecond)
 				counter.Store(v + 1)
+				select {
+				case <-lease.Lost():
+					t.Errorf("Lost closed on a held lease")
+				default:
+				}
 				inside.Add(-1)
 				rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 				err = lease.Release(rctx)
@@ -239,13 +263,37 @@ func releaseByOwnerOnly(t *testing.T, b Backend, key string) {
 	if err := first.Release(t.Context()); !errors.Is(err, locking.ErrNotHeld) {
 		t.Fatalf("stale release = %v, want ErrNotHeld", err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
-	defer cancel()
-	if third, err := a.Acquire(ctx, key); err == nil {
-		release(t, third)
-		t.Fatal("the lock was granted while its holder still held it: a stale release freed it")
+	if !refused(t, a, key, 300*time.Millisecond) {
+		t.Error("the lock was granted while its holder still held it: a stale release freed it")
 	}
 	release(t, second)
+}
+
+// refused reports whether l's Acquire of key, with ctx ending after d,
+// is refused. A grant is released at once. An Acquire that is still waiting
+// 2s after its ctx ended fails the test, and is left to end when the key is
+// freed.
+func refused(t *testing.T, l locking.Locker, key string, d time.Duration) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), d)
+	done := make(chan error, 1)
+	go func() {
+		defer cancel()
+		lease, err := l.Acquire(ctx, key)
+		if err == nil {
+			rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			lease.Release(rctx)
+			rcancel()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err != nil
+	case <-time.After(d + 2*time.Second):
+		t.Errorf("Acquire still waiting 2s after its %v ctx ended", d)
+		return true
+	}
 }
 
 func waitDeadline(t *testing.T, b Backend, key string) {
@@ -259,8 +307,28 @@ func waitDeadline(t *testing.T, b Backend, key string) {
 	ctx, cancel := context.WithTimeout(t.Context(), wait)
 	defer cancel()
 	began := time.Now()
-	lease, err := waiter.Acquire(ctx, key)
+	type result struct {
+		lease locking.Lease
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		lease, err := waiter.Acquire(ctx, key)
+		done <- result{lease, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(wait + 2*time.Second):
+		// A wait that ignores ctx: free the lock so it can end.
+		release(t, held)
+		if r := <-done; r.err == nil {
+			release(t, r.lease)
+		}
+		t.Fatalf("Acquire still waiting %v after its %v deadline", time.Since(began), wait)
+	}
 	took := time.Since(began)
+	lease, err := r.lease, r.err
 	if err == nil {
 		release(t, lease)
 		t.Fatal("acquired a held lock")
@@ -272,27 +340,54 @@ func waitDeadline(t *testing.T, b Backend, key string) {
 		t.Errorf("the wait ended %v after a %v deadline", took, wait)
 	}
 	if b.Leftovers != nil {
-		if n := leftovers(t, b, key); n != 1 {
+		if n := leftovers(t, b, key, 1); n != 1 {
 			t.Errorf("while one lease is held, %d objects exist for the key; the cancelled waiter left some behind", n)
 		}
 	}
 	release(t, held)
 	if b.Leftovers != nil {
-		if n := leftovers(t, b, key); n != 0 {
+		if n := leftovers(t, b, key, 0); n != 0 {
 			t.Errorf("%d objects remain for the key after release", n)
 		}
 	}
 }
 
-func leftovers(t *testing.T, b Backend, key string) int {
+// leftovers counts what the server holds for key, waiting up to 2s for the
+// count to reach want: a cancelled wait may clean up in the background
+// after Acquire returned.
+func leftovers(t *testing.T, b Backend, key string, want int) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	n, err := b.Leftovers(ctx, key)
-	if err != nil {
-		t.Fatalf("count leftovers: %v", err)
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		n, err := b.Leftovers(ctx, key)
+		if err != nil {
+			t.Fatalf("count leftovers: %v", err)
+		}
+		if n == want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return n
+}
+
+// closedRefuses checks that a closed Locker's Acquire fails rather than
+// hand out a lease nobody renews.
+func closedRefuses(t *testing.T, b Backend, key string) {
+	l, err := backends.Open(t.Context(), b.Name, b.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if lease, err := l.Acquire(ctx, key); err == nil {
+		release(t, lease)
+		t.Fatal("a closed Locker granted a lease")
+	}
 }
 
 func tokensIncrease(t *testing.T, b Backend, key string) {
@@ -339,27 +434,104 @@ func renewalKeepsLease(t *testing.T, b Backend, key string) {
 	release(t, lease)
 }
 
-func lostWhenStolen(t *testing.T, b Backend, key string) {
-	l := open(t, b)
-	lease, err := l.Acquire(t.Context(), key)
+// lostWhenTakenOver puts a rival's claim in place of a held lease, as a
+// holder granted after a pause would be, and checks the three promises a
+// compare-and-delete release and an owner-checked renewal keep: Lost
+// closes, the stale lease's Release reaches the server and answers
+// ErrNotHeld, and the rival's claim survives that release.
+func lostWhenTakenOver(t *testing.T, b Backend, key string) {
+	lockers := pair(t, b)
+	lease, err := lockers[0].Acquire(t.Context(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Steal(t.Context(), key); err != nil {
-		t.Fatalf("steal: %v", err)
+	drop, err := b.TakeOver(t.Context(), key)
+	if err != nil {
+		release(t, lease)
+		t.Fatalf("take over: %v", err)
 	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := drop(ctx); err != nil {
+			t.Errorf("drop the rival's claim: %v", err)
+		}
+	}()
 	began := time.Now()
 	select {
 	case <-lease.Lost():
-		t.Logf("%s: Lost closed %v after the lease was taken away", b.Name, time.Since(began).Round(time.Millisecond))
+		t.Logf("%s: Lost closed %v after the lease was taken over", b.Name, time.Since(began).Round(time.Millisecond))
 	case <-time.After(b.expiry() + 5*time.Second):
-		t.Fatalf("Lost still open %v after the lease was taken away", time.Since(began))
+		t.Errorf("Lost still open %v after the lease was taken over", time.Since(began))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := lease.Release(ctx); !errors.Is(err, locking.ErrNotHeld) {
-		t.Errorf("release of a lost lease = %v, want ErrNotHeld", err)
+		t.Errorf("release of a lease taken over = %v, want ErrNotHeld", err)
 	}
+	// The rival's claim outlives the test: nobody may acquire meanwhile.
+	if !refused(t, lockers[1], key, 500*time.Millisecond) {
+		t.Errorf("acquired while a rival held the key: the stale release (or renewal) removed the rival's claim")
+	}
+	if b.Leftovers != nil {
+		if n := leftovers(t, b, key, 1); n != 1 {
+			t.Errorf("%d objects for the key after the stale release, want the rival's claim alone", n)
+		}
+	}
+}
+
+// cancelledWaiterMidQueue queues three waiters behind a holder, with the
+// fallback timers off, cancels the middle one, and checks that each
+// release still wakes the next live waiter promptly: a wake-up handed to
+// the cancelled waiter, or a queue that forgets it, would stall.
+func cancelledWaiterMidQueue(t *testing.T, b Backend, key string) {
+	qb := b
+	qb.Config = *b.QueueConfig
+	lockers := []locking.Locker{open(t, qb), open(t, qb), open(t, qb), open(t, qb)}
+	held, err := lockers[0].Acquire(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease locking.Lease
+		err   error
+	}
+	var (
+		results = make([]chan result, 3)
+		cancels = make([]context.CancelFunc, 3)
+	)
+	for i := range results {
+		results[i] = make(chan result, 1)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		cancels[i] = cancel
+		defer cancel()
+		go func() {
+			lease, err := lockers[i+1].Acquire(ctx, key)
+			results[i] <- result{lease, err}
+		}()
+		time.Sleep(200 * time.Millisecond) // queue in this order
+	}
+	cancels[1]()
+	if r := <-results[1]; r.err == nil {
+		release(t, r.lease)
+		t.Fatal("the cancelled waiter acquired the held lock")
+	}
+	const prompt = 2 * time.Second // far below a fallback timer's minute
+	next := held
+	for _, i := range []int{0, 2} {
+		release(t, next)
+		select {
+		case r := <-results[i]:
+			if r.err != nil {
+				t.Fatalf("waiter %d: %v", i, r.err)
+			}
+			next = r.lease
+		case <-time.After(prompt):
+			t.Fatalf("waiter %d still waits %v after the release (the cancelled waiter %s)", i, prompt,
+				map[bool]string{true: "was ahead of it", false: "was behind it"}[i == 2])
+		}
+	}
+	release(t, next)
 }
 
 func killedHolderFrees(t *testing.T, b Backend, key string) {
@@ -390,6 +562,18 @@ func exclusiveAcrossProcesses(t *testing.T, b Backend, key string) {
 	for i := range children {
 		children[i] = startChild(t, request{Mode: "count", Name: b.Name, Config: b.Config, Key: key, Dir: dir, Rounds: rounds})
 	}
+	// A start barrier: every child has opened its Locker before any starts
+	// counting, so their rounds overlap instead of running one after another.
+	for i, c := range children {
+		if line, err := c.expect("ready"); err != nil {
+			t.Fatalf("process %d: %v (last line %q)", i, err, line)
+		}
+	}
+	for i, c := range children {
+		if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+			t.Fatalf("start process %d: %v", i, err)
+		}
+	}
 	for i, c := range children {
 		if line, err := c.expect("done"); err != nil {
 			t.Fatalf("process %d: %v (last line %q)", i, err, line)
@@ -404,12 +588,66 @@ func exclusiveAcrossProcesses(t *testing.T, b Backend, key string) {
 	}
 }
 
+// CancelWhileServerPaused checks that an Acquire cancelled while srv (the
+// server b.Config points at) is paused returns at once, leaving the removal
+// of its queue entry to the background, and that the removal lands once the
+// server is back. b needs Leftovers.
+func CancelWhileServerPaused(t *testing.T, b Backend, srv *testbed.Server) {
+	lockers := pair(t, b)
+	const key = "sku/cancelled"
+	held, err := lockers[0].Acquire(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		lease, err := lockers[1].Acquire(ctx, key)
+		if err == nil {
+			release(t, lease)
+		}
+		done <- err
+	}()
+	if n := leftovers(t, b, key, 2); n != 2 {
+		t.Fatalf("%d queue entries, want the holder's and the waiter's", n)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	cancelled := time.Now()
+	select {
+	case err := <-done:
+		took := time.Since(cancelled)
+		t.Logf("%s: a cancelled Acquire returned %v after its ctx ended, with the server paused", b.Name, took.Round(time.Millisecond))
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled Acquire = %v, want an error wrapping context.Canceled", err)
+		}
+		if took > time.Second {
+			t.Errorf("a cancelled Acquire took %v to return: it waited for its cleanup", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("a cancelled Acquire did not return within 10s")
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for leftovers(t, b, key, 1) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the cancelled waiter's queue entry is still there 5s after the server came back")
+		}
+	}
+	release(t, held)
+}
+
 // The helper-process protocol: the parent starts the test binary with
 // childEnv set to a JSON request; the child answers with lines on stdout.
 const childEnv = "OVERSOLD_LOCKTEST_CHILD"
 
 type request struct {
-	Mode   string // "hold": acquire, say "held", wait for stdin to close; "count": increment a file counter under the lock
+	Mode   string // "hold": acquire, say "held", wait for stdin to close; "count": say "ready", wait for a line on stdin, increment a file counter under the lock
 	Name   string
 	Config backends.Config
 	Key    string
@@ -420,7 +658,7 @@ type request struct {
 type childProc struct {
 	cmd   *exec.Cmd
 	lines *bufio.Scanner
-	stdin interface{ Close() error }
+	stdin io.WriteCloser
 }
 
 func startChild(t *testing.T, req request) *childProc {
@@ -511,6 +749,11 @@ func child(spec string) int {
 		defer rcancel()
 		lease.Release(rctx)
 	case "count":
+		fmt.Println("ready")
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+			fmt.Fprintln(os.Stderr, "locktest child: no start signal:", err)
+			return 1
+		}
 		for range req.Rounds {
 			if err := countOnce(ctx, l, req); err != nil {
 				fmt.Fprintln(os.Stderr, "locktest child:", err)

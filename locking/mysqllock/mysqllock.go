@@ -546,6 +546,10 @@ func (s *lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	delete(l.leases, s)
 	l.mu.Unlock()
+	// A fresh context bounded by the TTL (past it the row has expired
+	// anyway): a caller's cancelled ctx must not leave the row held.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.TTL)
+	defer cancel()
 	err := s.free(ctx)
 	switch {
 	case errors.Is(err, locking.ErrNotHeld):

@@ -21,20 +21,28 @@ func TestConformance(t *testing.T) {
 	locktest.Run(t, locktest.Backend{
 		Name:   "mysql",
 		Config: backends.Config{MySQLDSN: dsn, TTL: time.Second},
-		// Hand the row to another owner, as a holder that took over after a
-		// pause would: the victim's next renewal matches no row.
-		Steal: func(ctx context.Context, key string) error {
-			return withDB(ctx, dsn, func(db *sql.DB) error {
-				res, err := db.ExecContext(ctx, `UPDATE oversold_locks SET owner = 'thief'
+		// Hand the row to another owner for a minute, as a holder that took
+		// over after a pause would: the victim's next renewal matches no row.
+		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
+			err := withDB(ctx, dsn, func(db *sql.DB) error {
+				res, err := db.ExecContext(ctx, `UPDATE oversold_locks
+					SET owner = 'rival', expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE
 					WHERE lock_key = ? AND expires_at >= UTC_TIMESTAMP(6)`, key)
 				if err != nil {
 					return err
 				}
 				if n, err := res.RowsAffected(); err != nil || n != 1 {
-					return fmt.Errorf("no held row for %q to steal (%d rows, %v)", key, n, err)
+					return fmt.Errorf("no held row for %q to take over (%d rows, %v)", key, n, err)
 				}
 				return nil
 			})
+			return func(ctx context.Context) error {
+				return withDB(ctx, dsn, func(db *sql.DB) error {
+					_, err := db.ExecContext(ctx, `UPDATE oversold_locks SET owner = '', expires_at = '1970-01-01'
+						WHERE lock_key = ? AND owner = 'rival'`, key)
+					return err
+				})
+			}, err
 		},
 		// Rows stay after release (they keep the token), so count held ones.
 		Leftovers: func(ctx context.Context, key string) (n int, err error) {

@@ -18,17 +18,28 @@ import (
 
 func TestMain(m *testing.M) { locktest.Main(m) }
 
+func lockKey(key string) string { return "lock:{" + key + "}" } // the default prefix, as backends.Open uses
+
+// takeOver sets another owner's value on the lock key, for a minute.
+func takeOver(ctx context.Context, c redis.Cmdable, key string) (func(context.Context) error, error) {
+	if err := c.Set(ctx, lockKey(key), "rival", time.Minute).Err(); err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error { return c.Del(ctx, lockKey(key)).Err() }, nil
+}
+
 func TestConformance(t *testing.T) {
+	redislock.Break(locktest.Broken())
 	addr := testbed.Redis(t)
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { admin.Close() })
-	lockKey := func(key string) string { return "lock:{" + key + "}" } // the default prefix, as backends.Open uses
 	locktest.Run(t, locktest.Backend{
 		Name:   "redis",
 		Config: backends.Config{RedisAddr: addr, TTL: time.Second},
-		Steal: func(ctx context.Context, key string) error {
-			return admin.Del(ctx, lockKey(key)).Err()
+		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
+			return takeOver(ctx, admin, key)
 		},
+		QueueConfig: &backends.Config{RedisAddr: addr, TTL: time.Minute, FallbackWait: 10 * time.Minute},
 		// The lock, and the queue entries of waiters.
 		Leftovers: func(ctx context.Context, key string) (int, error) {
 			n, err := admin.Exists(ctx, lockKey(key)).Result()
@@ -38,6 +49,22 @@ func TestConformance(t *testing.T) {
 			q, err := admin.ZCard(ctx, lockKey(key)+":waiters").Result()
 			return int(n + q), err
 		},
+	})
+}
+
+// TestSuiteTeeth runs the suite against Lockers each broken in one way, and
+// checks that it fails each, in the subtest that checks the broken promise.
+func TestSuiteTeeth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the suite six times")
+	}
+	locktest.Teeth(t, map[string]string{
+		redislock.BareDel:        "ReleaseByOwnerOnly",
+		redislock.BarePexpire:    "LostWhenTakenOver",
+		locktest.RepeatingToken:  "MutualExclusionGoroutines",
+		locktest.IgnoringCtx:     "ReleaseByOwnerOnly",
+		locktest.LostNeverCloses: "LostWhenTakenOver",
+		locktest.ReleaseByKey:    "ReleaseByOwnerOnly",
 	})
 }
 
@@ -121,12 +148,15 @@ func TestConformanceCluster(t *testing.T) {
 		defer c.Close()
 		return do(c)
 	}
-	lockKey := func(key string) string { return "lock:{" + key + "}" }
 	locktest.Run(t, locktest.Backend{
 		Name:   "redis",
 		Config: backends.Config{RedisAddr: strings.Join(addrs, ","), TTL: time.Second},
-		Steal: func(ctx context.Context, key string) error {
-			return admin(ctx, func(c *redis.ClusterClient) error { return c.Del(ctx, lockKey(key)).Err() })
+		TakeOver: func(ctx context.Context, key string) (drop func(context.Context) error, err error) {
+			err = admin(ctx, func(c *redis.ClusterClient) error { _, err := takeOver(ctx, c, key); return err })
+			drop = func(ctx context.Context) error {
+				return admin(ctx, func(c *redis.ClusterClient) error { return c.Del(ctx, lockKey(key)).Err() })
+			}
+			return drop, err
 		},
 		Leftovers: func(ctx context.Context, key string) (n int, err error) {
 			err = admin(ctx, func(c *redis.ClusterClient) error {

@@ -27,14 +27,23 @@ func TestConformance(t *testing.T) {
 	locktest.Run(t, locktest.Backend{
 		Name:   "redlock",
 		Config: backends.Config{RedlockAddrs: addrs, TTL: time.Second},
-		Steal: func(ctx context.Context, key string) error {
-			for _, c := range admins[:2] { // a majority
-				if err := c.Del(ctx, lockKey(key)).Err(); err != nil {
-					return err
+		// Another owner's value on every node, for a minute.
+		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
+			for _, c := range admins {
+				if err := c.Set(ctx, lockKey(key), "rival", time.Minute).Err(); err != nil {
+					return nil, err
 				}
 			}
-			return nil
+			return func(ctx context.Context) error {
+				for _, c := range admins {
+					if err := c.Del(ctx, lockKey(key)).Err(); err != nil {
+						return err
+					}
+				}
+				return nil
+			}, nil
 		},
+		QueueConfig: &backends.Config{RedlockAddrs: addrs, TTL: time.Minute, FallbackWait: 10 * time.Minute},
 		// One lease is a key on every node, all with its owner: count the
 		// distinct owners, so that a waiter's key or queue entry left on
 		// any node shows.

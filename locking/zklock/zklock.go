@@ -22,8 +22,9 @@
 //     orphaned node that would hold the key forever.
 //   - Nothing left behind: a wait ended by ctx, or that fails, deletes its
 //     own node (Curator does; go-zookeeper's Lock leaves it). Cleanup never
-//     uses the caller's ctx: it runs in the background until done or Close,
-//     and the caller waits for it a bounded time. A Release that cannot
+//     uses the caller's ctx: it runs in the background, retrying until the
+//     node is gone, its session is, or Close, and the caller does not wait
+//     for it (a cancelled Acquire returns at once). A Release that cannot
 //     reach the server keeps deleting in the background the same way.
 //   - Parents are container nodes (ZooKeeper 3.5+, as Curator makes them),
 //     which the server removes once their last child is gone (checked every
@@ -114,14 +115,8 @@ const (
 	protectedPrefix = "_c_" // Curator's marker for a protected node
 	lockSuffix      = "-lock-"
 
-	// cleanupWait bounds how long Acquire and Release wait for their cleanup;
-	// what is left goes on in the background until done or Close.
-	cleanupWait = 5 * time.Second
 	// tries bounds every retry loop that does not end with a ctx.
 	tries = 5
-	// cleanupTries bounds a background delete; with backoff it spans
-	// several seconds of a flapping connection.
-	cleanupTries = 20
 )
 
 // Config tunes a Locker. Zero values mean the documented defaults.
@@ -276,7 +271,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			break
 		}
 	}
-	return nil, fmt.Errorf("acquire %q: %w", key, err)
+	return nil, locking.AcquireError(ctx, key, err)
 }
 
 func (l *Locker) acquire(ctx context.Context, key, parent string) (*lease, error) {
@@ -286,7 +281,7 @@ func (l *Locker) acquire(ctx context.Context, key, parent string) (*lease, error
 	}
 	s, err := l.wait(ctx, key, parent, path)
 	if err != nil && !errors.Is(err, errVanished) {
-		l.cleanup(func() { l.remove(path, session) })
+		l.spawn(func() { l.remove(path, session) })
 	}
 	return s, err
 }
@@ -311,7 +306,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string) (string, int64, err
 	select {
 	case r := <-res:
 		if r.err != nil {
-			l.cleanup(func() { l.removeGUID(parent, guid) })
+			l.spawn(func() { l.removeGUID(parent, guid) })
 			if !errors.Is(r.err, locking.ErrUnavailable) {
 				r.err = fmt.Errorf("%w: create: %w", locking.ErrUnavailable, r.err)
 			}
@@ -319,7 +314,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string) (string, int64, err
 		}
 		return r.path, r.session, nil
 	case <-ctx.Done():
-		l.cleanup(func() {
+		l.spawn(func() {
 			if r := <-res; r.err == nil {
 				l.remove(r.path, r.session)
 			} else {
@@ -599,7 +594,7 @@ func (l *Locker) onEvent(ev zk.Event) {
 // remove deletes a node of ours in the background, until it is gone, its
 // session is, or the Locker closes.
 func (l *Locker) remove(path string, session int64) {
-	for try := range cleanupTries {
+	for try := 0; ; try++ {
 		if l.conn.SessionID() != session {
 			return // an ephemeral node ends with its session
 		}
@@ -613,7 +608,7 @@ func (l *Locker) remove(path string, session int64) {
 
 // removeGUID deletes our node after a create whose outcome is unknown.
 func (l *Locker) removeGUID(parent, guid string) {
-	for try := range cleanupTries {
+	for try := 0; ; try++ {
 		session := l.conn.SessionID()
 		path, err := l.find(parent, guid)
 		if err == nil {
@@ -625,20 +620,6 @@ func (l *Locker) removeGUID(parent, guid string) {
 		if !l.sleep(backoff(try)) {
 			return
 		}
-	}
-}
-
-// cleanup runs f in the background and waits for it a bounded time.
-func (l *Locker) cleanup(f func()) {
-	done := make(chan struct{})
-	if !l.spawn(func() { defer close(done); f() }) {
-		return // Close ends the session, and its nodes with it
-	}
-	t := time.NewTimer(cleanupWait)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
 	}
 }
 

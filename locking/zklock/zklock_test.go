@@ -38,19 +38,29 @@ func conformance(t *testing.T, servers []string) {
 	locktest.Run(t, locktest.Backend{
 		Name:   "zookeeper",
 		Config: backends.Config{ZKServers: servers, TTL: ttl},
-		// Delete the holder's node: the lowest in the key's queue.
-		Steal: func(ctx context.Context, key string) error {
-			return withConn(ctx, servers, func(c *zk.Conn) error {
+		// Replace the holder's node (the lowest in the key's queue) with a
+		// rival's persistent one, which then holds the key.
+		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
+			var rival string
+			err := withConn(ctx, servers, func(c *zk.Conn) error {
 				queue, err := children(c, key)
 				if err != nil {
 					return err
 				}
 				if len(queue) == 0 {
-					return errors.New("no holder to steal from")
+					return errors.New("no holder to take over from")
 				}
-				return c.Delete(parent(key)+"/"+queue[0], -1)
+				if err := c.Delete(parent(key)+"/"+queue[0], -1); err != nil {
+					return err
+				}
+				rival, err = c.Create(parent(key)+"/_c_rival-lock-", nil, zk.FlagSequence, zk.WorldACL(zk.PermAll))
+				return err
 			})
+			return func(ctx context.Context) error {
+				return withConn(ctx, servers, func(c *zk.Conn) error { return c.Delete(rival, -1) })
+			}, err
 		},
+		QueueConfig: &backends.Config{ZKServers: servers, TTL: ttl},
 		Leftovers: func(ctx context.Context, key string) (n int, err error) {
 			err = withConn(ctx, servers, func(c *zk.Conn) error {
 				queue, err := children(c, key)
@@ -356,4 +366,30 @@ func (c *dropCreateReply) Read(p []byte) (int, error) {
 	n := copy(p, c.pending)
 	c.pending = c.pending[n:]
 	return n, nil
+}
+
+// A cancelled Acquire returns at once even when the delete of its node
+// cannot reach the server; the delete lands once the server is back.
+func TestCancelWhileServerPaused(t *testing.T) {
+	srv, err := testbed.StartZooKeeper(t.Context(), testbed.Options{})
+	if errors.Is(err, testbed.ErrMissing) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	servers := []string{srv.Addr}
+	locktest.CancelWhileServerPaused(t, locktest.Backend{
+		Name:   "zookeeper",
+		Config: backends.Config{ZKServers: servers, TTL: 4 * time.Second}, // outlives the pause
+		Leftovers: func(ctx context.Context, key string) (n int, err error) {
+			err = withConn(ctx, servers, func(c *zk.Conn) error {
+				queue, err := children(c, key)
+				n = len(queue)
+				return err
+			})
+			return n, err
+		},
+	}, srv)
 }
