@@ -59,22 +59,27 @@ func conformance(t *testing.T, endpoints []string) {
 			}, err
 		},
 		QueueConfig: &backends.Config{EtcdEndpoints: endpoints, TTL: ttl},
-		Leftovers: func(ctx context.Context, key string) (n int, err error) {
-			err = withClient(endpoints, func(c *clientv3.Client) error {
-				resp, err := c.Get(ctx, queue(key), clientv3.WithPrefix(), clientv3.WithCountOnly())
-				if err == nil {
-					n = int(resp.Count)
-				}
-				return err
-			})
-			return n, err
-		},
-		Expiry: ttl,
+		Leftovers:   queueLength(endpoints),
+		Expiry:      ttl,
 	})
 }
 
 // queue is the prefix of key's queue.
 func queue(key string) string { return etcdlock.DefaultPrefix + "/" + url.PathEscape(key) + "/" }
+
+// queueLength counts the keys in a key's queue (holder and waiters).
+func queueLength(endpoints []string) func(ctx context.Context, key string) (int, error) {
+	return func(ctx context.Context, key string) (n int, err error) {
+		err = withClient(endpoints, func(c *clientv3.Client) error {
+			resp, err := c.Get(ctx, queue(key), clientv3.WithPrefix(), clientv3.WithCountOnly())
+			if err == nil {
+				n = int(resp.Count)
+			}
+			return err
+		})
+		return n, err
+	}
+}
 
 // withClient runs f on a fresh client, closed before it returns, so no
 // goroutine of it outlives the call.
@@ -159,14 +164,7 @@ func TestLostWhenLeaseRevoked(t *testing.T) {
 // Lost must close by the TTL, before the server could expire it, and the
 // Locker must serve again once the server is back.
 func TestLostWhenServerPaused(t *testing.T) {
-	srv, err := testbed.StartEtcd(t.Context(), testbed.Options{})
-	if errors.Is(err, testbed.ErrMissing) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
+	srv := locktest.PrivateServer(t, testbed.StartEtcd)
 	l := newLocker(t, []string{srv.Addr})
 	lease, err := l.Acquire(t.Context(), "sku/paused")
 	if err != nil {
@@ -255,27 +253,11 @@ func BenchmarkHotKey(b *testing.B) {
 // A cancelled Acquire returns at once even when the delete of its key
 // cannot reach the server; the delete lands once the server is back.
 func TestCancelWhileServerPaused(t *testing.T) {
-	srv, err := testbed.StartEtcd(t.Context(), testbed.Options{})
-	if errors.Is(err, testbed.ErrMissing) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
+	srv := locktest.PrivateServer(t, testbed.StartEtcd)
 	endpoints := []string{srv.Addr}
 	locktest.CancelWhileServerPaused(t, locktest.Backend{
-		Name:   "etcd",
-		Config: backends.Config{EtcdEndpoints: endpoints, TTL: 5 * time.Second}, // outlives the pause
-		Leftovers: func(ctx context.Context, key string) (n int, err error) {
-			err = withClient(endpoints, func(c *clientv3.Client) error {
-				resp, err := c.Get(ctx, queue(key), clientv3.WithPrefix(), clientv3.WithCountOnly())
-				if err == nil {
-					n = int(resp.Count)
-				}
-				return err
-			})
-			return n, err
-		},
+		Name:      "etcd",
+		Config:    backends.Config{EtcdEndpoints: endpoints, TTL: 5 * time.Second}, // outlives the pause
+		Leftovers: queueLength(endpoints),
 	}, srv)
 }

@@ -588,6 +588,21 @@ func exclusiveAcrossProcesses(t *testing.T, b Backend, key string) {
 	}
 }
 
+// PrivateServer starts a server of the test's own with start (one the test
+// may pause), stopped when the test ends.
+func PrivateServer(t *testing.T, start func(context.Context, testbed.Options) (*testbed.Server, error)) *testbed.Server {
+	t.Helper()
+	srv, err := start(t.Context(), testbed.Options{})
+	if errors.Is(err, testbed.ErrMissing) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	return srv
+}
+
 // CancelWhileServerPaused checks that an Acquire cancelled while srv (the
 // server b.Config points at) is paused returns at once, leaving the removal
 // of its queue entry to the background, and that the removal lands once the

@@ -50,6 +50,20 @@ type Notifier struct {
 	closed bool
 	quit   chan struct{} // closed by Close
 	done   chan struct{} // closed when the receive loop has ended; nil if it never started
+	// SUBSCRIBE and UNSUBSCRIBE commands, queued under mu in the order of
+	// the state changes they carry, and written in that order by the
+	// writer goroutine without mu: a dial or a slow write never blocks the
+	// Acquires that need mu.
+	outbox []command
+	kick   chan struct{} // a buffer of one: the outbox has commands
+	wrote  chan struct{} // closed when the writer has ended; nil if it never started
+}
+
+// command is one SUBSCRIBE or UNSUBSCRIBE, bound to the connection that was
+// current when it was queued.
+type command struct {
+	do       func(context.Context, ...string) error
+	channels []string
 }
 
 // topic is the state of one channel. Its SUBSCRIBE and UNSUBSCRIBE commands
@@ -75,7 +89,7 @@ type Watch struct {
 
 // NewNotifier returns a Notifier over client. It connects at the first Watch.
 func NewNotifier(client redis.UniversalClient) *Notifier {
-	return &Notifier{client: client, topics: make(map[string]*topic), quit: make(chan struct{})}
+	return &Notifier{client: client, topics: make(map[string]*topic), quit: make(chan struct{}), kick: make(chan struct{}, 1)}
 }
 
 // Watch subscribes to channel, if this process is not subscribed yet, and
@@ -100,8 +114,9 @@ func (n *Notifier) WatchAs(channel, id string, wake chan struct{}) *Watch {
 	}
 	if n.ps == nil {
 		n.ps = n.client.Subscribe(context.Background())
-		n.done = make(chan struct{})
+		n.done, n.wrote = make(chan struct{}), make(chan struct{})
 		go n.receive()
+		go n.write()
 	}
 	t := n.topics[channel]
 	if t == nil {
@@ -188,14 +203,42 @@ func (w *Watch) Stop() {
 	}
 }
 
-// send writes one SUBSCRIBE or UNSUBSCRIBE; n.mu is held, so the order of
-// writes is the order of state changes. A failed write breaks the
-// connection, and the receive loop starts over on a new one.
+// send queues one SUBSCRIBE or UNSUBSCRIBE for t; n.mu is held, so the
+// order of writes is the order of state changes.
 func (n *Notifier) send(t *topic, cmd func(context.Context, ...string) error, channel string) {
 	t.inflight++
-	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
-	defer cancel()
-	_ = cmd(ctx, channel)
+	n.queue(cmd, channel)
+}
+
+// queue adds a command to the outbox; n.mu is held.
+func (n *Notifier) queue(cmd func(context.Context, ...string) error, channels ...string) {
+	n.outbox = append(n.outbox, command{do: cmd, channels: channels})
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+// write sends the queued commands, in order, until Close. A failed write
+// breaks the connection, and the receive loop starts over on a new one.
+func (n *Notifier) write() {
+	defer close(n.wrote)
+	for {
+		select {
+		case <-n.quit:
+			return
+		case <-n.kick:
+		}
+		n.mu.Lock()
+		batch := n.outbox
+		n.outbox = nil
+		n.mu.Unlock()
+		for _, c := range batch {
+			ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+			_ = c.do(ctx, c.channels...)
+			cancel()
+		}
+	}
 }
 
 // Close ends every watch (their Ready channels close and their watchers are
@@ -215,13 +258,14 @@ func (n *Notifier) Close() error {
 		closeOnce(t.ready)
 		t.wakeAll()
 	}
-	ps, done := n.ps, n.done
+	ps, done, wrote := n.ps, n.done, n.wrote
 	n.mu.Unlock()
 	if ps == nil {
 		return nil
 	}
 	err := ps.Close()
 	<-done
+	<-wrote
 	return err
 }
 
@@ -292,9 +336,7 @@ func (n *Notifier) restart(old *redis.PubSub) {
 		t.subscribed, t.inflight, t.ready, t.resync = true, 1, make(chan struct{}), true
 	}
 	if len(channels) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
-		_ = n.ps.Subscribe(ctx, channels...) // one confirmation per channel
-		cancel()
+		n.queue(n.ps.Subscribe, channels...) // one confirmation per channel
 	}
 }
 

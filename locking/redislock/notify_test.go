@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -141,4 +142,35 @@ func waitFor(t *testing.T, what string, c <-chan struct{}) {
 func noLeaks(t *testing.T) {
 	before := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+}
+
+// The Notifier's lock guards state every Acquire needs; the connection's
+// dial and writes happen outside it. With the dial hanging, a Watch, a Join
+// and a Stop on other channels still return at once.
+func TestNotifierDoesNotDialUnderItsLock(t *testing.T) {
+	addr := testbed.Redis(t)
+	hang := make(chan struct{})
+	var d net.Dialer
+	c := redis.NewClient(&redis.Options{Addr: addr, Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		<-hang // a server that does not answer the dial, whatever the ctx
+		return d.DialContext(ctx, network, addr)
+	}})
+	defer c.Close()
+	n := redislock.NewNotifier(c)
+	defer n.Close()
+	defer close(hang) // before Close, which waits for the dial
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a := n.Watch("a", make(chan struct{}, 1)) // starts the dial
+		b := n.Watch("b", make(chan struct{}, 1))
+		n.Join("a", make(chan struct{}, 1))
+		a.Stop()
+		b.Stop()
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Watch, Join and Stop blocked behind a hanging dial")
+	}
 }

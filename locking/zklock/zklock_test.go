@@ -61,15 +61,8 @@ func conformance(t *testing.T, servers []string) {
 			}, err
 		},
 		QueueConfig: &backends.Config{ZKServers: servers, TTL: ttl},
-		Leftovers: func(ctx context.Context, key string) (n int, err error) {
-			err = withConn(ctx, servers, func(c *zk.Conn) error {
-				queue, err := children(c, key)
-				n = len(queue)
-				return err
-			})
-			return n, err
-		},
-		Expiry: ttl,
+		Leftovers:   queueLength(servers),
+		Expiry:      ttl,
 	})
 }
 
@@ -85,6 +78,18 @@ func children(c *zk.Conn, key string) ([]string, error) {
 		return strings.Compare(a[strings.LastIndex(a, "-"):], b[strings.LastIndex(b, "-"):])
 	})
 	return names, err
+}
+
+// queueLength counts the nodes in a key's queue (holder and waiters).
+func queueLength(servers []string) func(ctx context.Context, key string) (int, error) {
+	return func(ctx context.Context, key string) (n int, err error) {
+		err = withConn(ctx, servers, func(c *zk.Conn) error {
+			queue, err := children(c, key)
+			n = len(queue)
+			return err
+		})
+		return n, err
+	}
 }
 
 // withConn runs f on a fresh connection, closed before it returns, so no
@@ -160,14 +165,7 @@ func TestTokenSurvivesParentRecreation(t *testing.T) {
 // lives: Lost must close by the session timeout, before the server could
 // expire it, and the Locker must serve again once the server is back.
 func TestLostWhenServerPaused(t *testing.T) {
-	srv, err := testbed.StartZooKeeper(t.Context(), testbed.Options{})
-	if errors.Is(err, testbed.ErrMissing) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
+	srv := locktest.PrivateServer(t, testbed.StartZooKeeper)
 	const timeout = time.Second
 	l, err := zklock.New(t.Context(), []string{srv.Addr}, zklock.Config{SessionTimeout: timeout})
 	if err != nil {
@@ -371,25 +369,11 @@ func (c *dropCreateReply) Read(p []byte) (int, error) {
 // A cancelled Acquire returns at once even when the delete of its node
 // cannot reach the server; the delete lands once the server is back.
 func TestCancelWhileServerPaused(t *testing.T) {
-	srv, err := testbed.StartZooKeeper(t.Context(), testbed.Options{})
-	if errors.Is(err, testbed.ErrMissing) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
+	srv := locktest.PrivateServer(t, testbed.StartZooKeeper)
 	servers := []string{srv.Addr}
 	locktest.CancelWhileServerPaused(t, locktest.Backend{
-		Name:   "zookeeper",
-		Config: backends.Config{ZKServers: servers, TTL: 4 * time.Second}, // outlives the pause
-		Leftovers: func(ctx context.Context, key string) (n int, err error) {
-			err = withConn(ctx, servers, func(c *zk.Conn) error {
-				queue, err := children(c, key)
-				n = len(queue)
-				return err
-			})
-			return n, err
-		},
+		Name:      "zookeeper",
+		Config:    backends.Config{ZKServers: servers, TTL: 4 * time.Second}, // outlives the pause
+		Leftovers: queueLength(servers),
 	}, srv)
 }
