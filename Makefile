@@ -4,6 +4,8 @@ SERVERS  := mariadb-server redis-server redis-sentinel zookeeper etcd-server ngi
 # The container testbed and the compose demo: an engine (unless Docker is
 # there already) and debootstrap for the stand-in images.
 DOCKER_PKGS := $(shell command -v docker >/dev/null || echo docker.io) debootstrap
+# chromium: the report's browser test (loadtest/report_browser_test.go).
+TOOLS    := chromium
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 ARGS     ?=
 # Redocly CLI, pinned: npx keeps it in npm's cache after the first run.
@@ -14,7 +16,7 @@ REDOCLY  := @redocly/cli@2.77.0
 # Installs the Debian server packages that are missing; the project starts
 # its own private servers from them, so none needs to run as a service.
 deps:
-	@missing=$$(for p in $(SERVERS) $(DOCKER_PKGS); do \
+	@missing=$$(for p in $(SERVERS) $(DOCKER_PKGS) $(TOOLS); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing:" $$missing; \

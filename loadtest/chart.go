@@ -13,8 +13,7 @@ import (
 
 const (
 	chartWidth = 760
-	labelWidth = 170 // run names left of horizontal bars
-	valueWidth = 70  // room for the value right of the longest bar
+	valueWidth = 70 // room for the value right of the longest bar
 )
 
 // palette colours runs and series; it repeats after ten.
@@ -39,6 +38,12 @@ func barChart(title, unit string, labels []string, ss []series) template.HTML {
 			maxV = math.Max(maxV, v)
 		}
 	}
+	// Run names left of the bars, as wide as the longest needs.
+	lw := 0.0
+	for _, l := range labels {
+		lw = math.Max(lw, textWidth(l, 12))
+	}
+	labelWidth := int(math.Ceil(lw)) + 14
 	span := float64(chartWidth - labelWidth - valueWidth)
 	var b strings.Builder
 	svgOpen(&b, title, height)
@@ -56,7 +61,7 @@ func barChart(title, unit string, labels []string, ss []series) template.HTML {
 			by := y + j*bar
 			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"><title>%s %s: %s %s</title></rect>`,
 				labelWidth, by, math.Max(w, 1), bar-2, s.color, esc(label), esc(s.name), num(v), esc(unit))
-			fmt.Fprintf(&b, `<text x="%.1f" y="%d" class="value">%s</text>`, labelWidth+math.Max(w, 1)+4, by+bar-4, num(v))
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" class="value">%s</text>`, float64(labelWidth)+math.Max(w, 1)+4, by+bar-4, num(v))
 		}
 	}
 	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>`, labelWidth, top-4, labelWidth, height-20)
@@ -72,9 +77,12 @@ type line struct {
 	xs, ys []float64
 }
 
-// lineChart draws curves on shared linear axes starting at zero.
-func lineChart(title, xUnit, yUnit string, ls []line) template.HTML {
-	const left, right, top, bottom, height = 60, 20, 56, 40, 340
+// smallMultiples draws each run's curve in a panel of its own, every
+// panel on the same axes, so runs compare by position instead of by colour
+// in one tangle.
+func smallMultiples(title, xUnit, yUnit string, ls []line) template.HTML {
+	const cols, gapX, gapY, top, panelH = 3, 18, 34, 34, 120
+	const left, bottom = 44, 22 // room for the shared axes' labels
 	maxX, maxY := 0.0, 0.0
 	for _, l := range ls {
 		for i := range l.xs {
@@ -83,36 +91,43 @@ func lineChart(title, xUnit, yUnit string, ls []line) template.HTML {
 	}
 	xTicks, yTicks := ticks(maxX), ticks(maxY)
 	maxX, maxY = xTicks[len(xTicks)-1], yTicks[len(yTicks)-1]
-	plotW, plotH := float64(chartWidth-left-right), float64(height-top-bottom)
-	px := func(x float64) float64 { return left + x/maxX*plotW }
-	py := func(y float64) float64 { return top + plotH - y/maxY*plotH }
+	panelW := float64(chartWidth-left-(cols-1)*gapX-8) / cols
+	rows := (len(ls) + cols - 1) / cols
+	height := top + rows*(panelH+gapY) + 8
 
 	var b strings.Builder
 	svgOpen(&b, title, height)
-	ss := make([]series, len(ls))
 	for i, l := range ls {
-		ss[i] = series{name: l.name, color: l.color}
-	}
-	legend(&b, ss, left, 24)
-	for _, t := range yTicks {
-		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" class="grid"/>`, left, py(t), chartWidth-right, py(t))
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end" class="value">%s</text>`, left-6, py(t)+4, num(t))
-	}
-	for _, t := range xTicks {
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" class="value">%s</text>`, px(t), height-bottom+16, num(t))
-	}
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>`, left, height-bottom, chartWidth-right, height-bottom)
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>`, left, top, left, height-bottom)
-	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" class="unit">%s</text>`, chartWidth-right, height-6, esc(xUnit))
-	fmt.Fprintf(&b, `<text x="4" y="%d" class="unit">%s</text>`, top-6, esc(yUnit))
-	for _, l := range ls {
-		pts := make([]string, len(l.xs))
-		for i := range l.xs {
-			pts[i] = fmt.Sprintf("%.1f,%.1f", px(l.xs[i]), py(l.ys[i]))
+		ox := left + float64(i%cols)*(panelW+gapX)
+		oy := float64(top + (i/cols)*(panelH+gapY) + 16)
+		ph := float64(panelH - bottom)
+		px := func(x float64) float64 { return ox + x/maxX*panelW }
+		py := func(y float64) float64 { return oy + ph - y/maxY*ph }
+		fmt.Fprintf(&b, `<g data-panel="%s">`, esc(l.name))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="label">%s<title>%s</title></text>`, ox, oy-5, esc(fitText(l.name, 12, panelW)), esc(l.name))
+		for _, t := range yTicks {
+			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="grid"/>`, ox, py(t), ox+panelW, py(t))
+			if i%cols == 0 {
+				fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" class="value">%s</text>`, ox-4, py(t)+4, num(t))
+			}
 		}
-		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="1.8"><title>%s</title></polyline>`,
+		for _, t := range []float64{0, maxX} {
+			anchor := "start"
+			if t > 0 {
+				anchor = "end"
+			}
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="%s" class="value">%s %s</text>`, px(t), oy+ph+14, anchor, num(t), esc(xUnit))
+		}
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="axis"/>`, ox, oy+ph, ox+panelW, oy+ph)
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="axis"/>`, ox, oy, ox, oy+ph)
+		pts := make([]string, len(l.xs))
+		for k := range l.xs {
+			pts[k] = fmt.Sprintf("%.1f,%.1f", px(l.xs[k]), py(l.ys[k]))
+		}
+		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="1.6"><title>%s</title></polyline></g>`,
 			strings.Join(pts, " "), l.color, esc(l.name))
 	}
+	fmt.Fprintf(&b, `<text x="4" y="%d" class="unit">%s, all panels on the same axes</text>`, top-4, esc(yUnit))
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String())
 }

@@ -32,45 +32,70 @@ func (l LeaseRecord) End() time.Time {
 	return l.ReleasedAt
 }
 
-// leaseMsg is the msg of a lease record line (order.LeaseRecord).
-const leaseMsg = "lease"
+// WriteRecord is one guarded write a replica settled, from the line it logs
+// (order.WriteRecord): committed, or refused by the guard.
+type WriteRecord struct {
+	Instance string    `json:"instance"`
+	At       time.Time `json:"time"`
+	SKU      string    `json:"sku"`
+	Token    uint64    `json:"token"`
+	Orders   int       `json:"orders"`
+	Outcome  string    `json:"outcome"` // "committed" or "refused"
+}
 
-// ReadLeases reads every lease record from the *.log files in dir (the
-// replicas' JSON stderr); other lines are skipped.
-func ReadLeases(dir string) ([]LeaseRecord, error) {
+// The msg of the record lines (order.LeaseRecord, order.WriteRecord).
+const (
+	leaseMsg = "lease"
+	writeMsg = "write"
+)
+
+// ReadRecords reads every lease and write record from the *.log files in
+// dir (the replicas' JSON stderr); other lines are skipped.
+func ReadRecords(dir string) ([]LeaseRecord, []WriteRecord, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []LeaseRecord
+	var leases []LeaseRecord
+	var writes []WriteRecord
 	for _, name := range files {
 		f, err := os.Open(name)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 64*1024), 1024*1024)
 		for sc.Scan() {
 			line := sc.Bytes()
-			if !bytes.HasPrefix(line, []byte("{")) || !bytes.Contains(line, []byte(`"msg":"lease"`)) {
+			if !bytes.HasPrefix(line, []byte("{")) {
 				continue
 			}
-			var rec struct {
-				Msg string `json:"msg"`
-				LeaseRecord
+			switch {
+			case bytes.Contains(line, []byte(`"msg":"lease"`)):
+				var rec struct {
+					Msg string `json:"msg"`
+					LeaseRecord
+				}
+				if json.Unmarshal(line, &rec) == nil && rec.Msg == leaseMsg && rec.Key != "" {
+					leases = append(leases, rec.LeaseRecord)
+				}
+			case bytes.Contains(line, []byte(`"msg":"write"`)):
+				var rec struct {
+					Msg string `json:"msg"`
+					WriteRecord
+				}
+				if json.Unmarshal(line, &rec) == nil && rec.Msg == writeMsg && rec.SKU != "" {
+					writes = append(writes, rec.WriteRecord)
+				}
 			}
-			if json.Unmarshal(line, &rec) != nil || rec.Msg != leaseMsg || rec.Key == "" {
-				continue
-			}
-			out = append(out, rec.LeaseRecord)
 		}
 		err = sc.Err()
 		f.Close()
 		if err != nil {
-			return nil, fmt.Errorf("leases: %s: %w", name, err)
+			return nil, nil, fmt.Errorf("records: %s: %w", name, err)
 		}
 	}
-	return out, nil
+	return leases, writes, nil
 }
 
 // Overlap is two leases on one key that two replicas held at once.

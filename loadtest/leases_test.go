@@ -38,21 +38,26 @@ func TestOverlaps(t *testing.T) {
 	}
 }
 
-func TestReadLeases(t *testing.T) {
+func TestReadRecords(t *testing.T) {
 	dir := t.TempDir()
 	log := `not json
 {"time":"2025-01-01T00:00:00Z","level":"INFO","msg":"orderd listening","instance":"r1"}
 {"time":"2025-01-01T00:00:01Z","level":"INFO","msg":"lease","instance":"r1","key":"sku/a","token":7,"acquired_at":"2025-01-01T00:00:00.5Z","lost":false,"released_at":"2025-01-01T00:00:00.9Z"}
 {"time":"2025-01-01T00:00:02Z","level":"INFO","msg":"lease","instance":"r1","key":"sku/a","token":8,"acquired_at":"2025-01-01T00:00:01Z","lost":true,"lost_at":"2025-01-01T00:00:03Z"}
+{"time":"2025-01-01T00:00:02.5Z","level":"INFO","msg":"write","instance":"r1","sku":"a","token":8,"orders":2,"outcome":"refused"}
 `
 	if err := os.WriteFile(filepath.Join(dir, "r1.log"), []byte(log), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got, err := ReadLeases(dir)
+	got, writes, err := ReadRecords(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 2 || got[0].Token != 7 || got[1].End().Second() != 3 || !got[1].Lost || got[0].Instance != "r1" {
 		t.Errorf("leases %+v", got)
+	}
+	if len(writes) != 1 || writes[0].Token != 8 || writes[0].Outcome != "refused" || writes[0].Orders != 2 ||
+		writes[0].Instance != "r1" || writes[0].At.UnixMilli()%1000 != 500 {
+		t.Errorf("writes %+v", writes)
 	}
 }

@@ -23,6 +23,9 @@ type Report struct {
 	// Merged names the report folders whose results this report joins
 	// (lab --merge); empty for a lab that ran its runs itself.
 	Merged []string
+	// NotApplicable are the runs asked for whose fault or guard does not
+	// apply to their backend: no runs, listed once (SplitApplicable).
+	NotApplicable []Result
 }
 
 // Span says how long the runs took: the lab's wall time, or for a merged
@@ -92,6 +95,9 @@ func writeMarkdown(w io.Writer, rep Report) {
 	fmt.Fprintf(w, "Machine: %s.\n\n", rep.Machine)
 	writeMarkdownTable(w, rep.Results)
 	fmt.Fprintf(w, "\n%s\n", definitions)
+	if na := NotApplicableLines(rep.NotApplicable); len(na) > 0 {
+		fmt.Fprintf(w, "\nNot run, because they do not apply: %s.\n", strings.Join(na, "; "))
+	}
 	writeFaultsMarkdown(w, rep.Results)
 	for _, r := range rep.Results {
 		if r.Error == "" && len(r.Notes) == 0 {
@@ -157,12 +163,39 @@ func writeHTML(w io.Writer, rep Report) error {
 			barChart("Oversold and lost updates per run (should be 0)", "units", labels, []series{oversold, lost}),
 			barChart("Throughput per run: requests answered per second (at most the offered rate)", "per second", labels, []series{rps}),
 			barChart("Client latency per run", "ms", labels, []series{p50, p99}),
-			lineChart("p99 latency over time, by when requests were sent", "seconds", "ms", lines),
+			smallMultiples("p99 latency over time, by when requests were sent, one panel per run", "s", "p99 ms", lines),
 		},
-		"Heads":      heads,
-		"Rows":       rows,
-		"FaultHeads": FaultHeads,
-		"FaultRows":  FaultRows(rep.Results),
-		"FaultDefs":  strings.ReplaceAll(faultDefinitions, "*", ""),
+		"Heads":         heads,
+		"Rows":          rows,
+		"FaultHeads":    FaultHeads,
+		"FaultRows":     FaultRows(rep.Results),
+		"FaultDefs":     strings.ReplaceAll(faultDefinitions, "*", ""),
+		"Summary":       Summary(rep.Results),
+		"Timelines":     timelines(rep.Results),
+		"NotApplicable": NotApplicableLines(rep.NotApplicable),
 	})
+}
+
+// faultView is one fault run's section: its timeline and its story.
+type faultView struct {
+	Name     string
+	Seed     int64
+	Safe     bool
+	Timeline template.HTML
+	Story    []StoryLine
+}
+
+func timelines(results []Result) []faultView {
+	var out []faultView
+	for _, r := range results {
+		if r.Fault == "" {
+			continue
+		}
+		v := faultView{Name: r.Name(), Seed: r.Seed, Safe: r.Safe, Story: r.StoryLines()}
+		if r.Timeline != nil && len(r.Timeline.Lanes) > 0 {
+			v.Timeline = timelineChart(r)
+		}
+		out = append(out, v)
+	}
+	return out
 }

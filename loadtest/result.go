@@ -77,6 +77,9 @@ type Result struct {
 	// Violations are properties the fault checked itself that did not hold;
 	// any makes the run unsafe.
 	Violations []string `json:"violations,omitempty"`
+	// Timeline is what the lease timeline of the report draws: the
+	// contested lock's leases and writes around the fault's window.
+	Timeline *Timeline `json:"timeline,omitempty"`
 	// NotFired: the run had a fault that never struck (the load ended
 	// first, say): its invariants say nothing about the fault.
 	NotFired bool `json:"fault_not_fired,omitempty"`

@@ -97,7 +97,7 @@ type Run struct {
 	FaultSKU string
 
 	mu         sync.Mutex
-	events     []string
+	events     []FaultEvent
 	violations []string
 	disrupted  []disruption
 	acked      []string
@@ -111,9 +111,9 @@ type Run struct {
 // as "fault did not fire": its invariants say nothing about the fault.
 func (r *Run) Fired(format string, args ...any) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.fired = true
-	r.mu.Unlock()
-	r.Eventf(format, args...)
+	r.events = append(r.events, FaultEvent{At: time.Now(), Text: fmt.Sprintf(format, args...), Fired: true})
 }
 
 // Recovered records a recovery time the fault measured itself, on orders
@@ -129,11 +129,18 @@ type disruption struct {
 	at  time.Time
 }
 
-// Eventf notes what the fault did, in words, for the report.
+// Eventf notes what the fault did, in words and when, for the report.
 func (r *Run) Eventf(format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.events = append(r.events, fmt.Sprintf(format, args...))
+	r.events = append(r.events, FaultEvent{At: time.Now(), Text: fmt.Sprintf(format, args...)})
+}
+
+// FaultEvent is one thing a fault did, and when.
+type FaultEvent struct {
+	At    time.Time
+	Text  string
+	Fired bool // the moment the fault struck (Run.Fired)
 }
 
 // Violatedf notes a property the fault checked itself that did not hold
@@ -316,6 +323,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	keyPrefix := fmt.Sprintf("%s-%02d", rn.ID, n)
 	run.Target, run.SKUs, run.KeyPrefix = base, skus, keyPrefix
 
+	loadStart := time.Now()
 	atk, err := rn.load(ctx, run, fault, AttackSpec{
 		Target:    base,
 		SKUs:      skus,
@@ -333,6 +341,8 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	// hold a replica's graceful shutdown for seconds.
 	closeBalancer()
 
+	var leases []LeaseRecord
+	var writes []WriteRecord
 	if run.Fleet != nil {
 		m, err := Scrape(ctx, run.Fleet.URLs())
 		if err != nil {
@@ -348,7 +358,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		// Stop before checking: a request still inside a replica could
 		// otherwise commit after the check.
 		rn.stopFleet(ctx, run, res)
-		leases, err := ReadLeases(res.ReplicaLogs)
+		leases, writes, err = ReadRecords(res.ReplicaLogs)
 		if err != nil {
 			res.Notes = append(res.Notes, "lease records: "+err.Error())
 		}
@@ -365,10 +375,16 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	t0 = time.Now()
 	run.mu.Lock()
 	faultAcked := slices.Clone(run.acked)
-	res.FaultEvents = slices.Clone(run.events)
+	events := slices.Clone(run.events)
 	res.Violations = slices.Clone(run.violations)
 	fired, recovered := run.fired, run.recovered
 	run.mu.Unlock()
+	for _, e := range events {
+		res.FaultEvents = append(res.FaultEvents, e.Text)
+	}
+	if spec.Fault != "" && len(leases) > 0 { // the lab's own replicas logged them
+		res.Timeline = BuildTimeline(loadStart, run.FaultSKU, events, leases, writes)
+	}
 	if spec.Fault != "" && fault.Inject != nil && !fired {
 		res.NotFired = true
 		res.Notes = append(res.Notes, "fault did not fire: the run says nothing about "+spec.Fault)

@@ -305,6 +305,7 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request)
 		orders[j] = s.newOrder(reqs[i], lease)
 	}
 	inv, err := s.write(wctx, orders, item, lease, first)
+	s.recordWrite(first.SKU, orders[0].Token, len(orders), err)
 	if err != nil {
 		retry := s.refused(wctx, reqs, filled, orders, lease, err, out)
 		if len(retry) > 0 { // the orders a concurrent duplicate key did not concern
@@ -511,6 +512,24 @@ func (s *Service) release(ctx context.Context, lease locking.Lease, h *holding) 
 // it held: key, token, acquired_at, then released_at, or lost_at with lost
 // true when the lease was lost while held.
 const LeaseRecord = "lease"
+
+// WriteRecord is the message of the log line each replica writes per
+// guarded write it settled: sku, token, orders, and outcome "committed", or
+// "refused" when the guard found the stock or the fence moved on. The lab
+// draws these on its lease timelines.
+const WriteRecord = "write"
+
+func (s *Service) recordWrite(sku string, token uint64, orders int, err error) {
+	outcome := "committed"
+	switch {
+	case err == nil:
+	case errors.Is(err, storage.ErrConflict), errors.Is(err, storage.ErrStaleFence):
+		outcome = "refused"
+	default:
+		return // not the guard's verdict: nothing to draw
+	}
+	s.log.Info(WriteRecord, "sku", sku, "token", token, "orders", orders, "outcome", outcome)
+}
 
 // holding is a lease from its grant on: when it was granted and when, if
 // ever, the replica saw it lost.

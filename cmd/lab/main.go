@@ -156,12 +156,15 @@ func lab(ctx context.Context, cfg config, args []string, stdout, stderr io.Write
 		results = append(results, res)
 	}
 
+	asked := len(results)
+	results, notApplicable := loadtest.SplitApplicable(results)
 	rep := loadtest.Report{
-		Results: results,
-		Machine: loadtest.ThisMachine(),
-		Command: strings.TrimSpace("lab " + strings.Join(args, " ")),
-		Started: began,
-		Wall:    time.Since(began),
+		Results:       results,
+		Machine:       loadtest.ThisMachine(),
+		Command:       strings.TrimSpace("lab " + strings.Join(args, " ")),
+		Started:       began,
+		Wall:          time.Since(began),
+		NotApplicable: notApplicable,
 	}
 	if err := loadtest.WriteReport(cfg.out, rep); err != nil {
 		return err
@@ -183,6 +186,9 @@ func lab(ctx context.Context, cfg config, args []string, stdout, stderr io.Write
 			}
 		}
 	}
+	for _, l := range loadtest.NotApplicableLines(notApplicable) {
+		fmt.Fprintf(stderr, "  not run, does not apply: %s\n", l)
+	}
 	fmt.Fprintf(stderr, "\n%s, %s wall time\nreport: %s\n", rep.Machine, rep.Wall.Round(time.Second),
 		filepath.Join(cfg.out, loadtest.ReportHTML))
 	if cfg.keep && fleet != nil {
@@ -195,7 +201,7 @@ func lab(ctx context.Context, cfg config, args []string, stdout, stderr io.Write
 	}
 
 	if ctx.Err() != nil {
-		return fmt.Errorf("interrupted after %d of %d runs", len(results), len(specs))
+		return fmt.Errorf("interrupted after %d of %d runs", asked, len(specs))
 	}
 	for _, r := range results {
 		if r.Error == "" {

@@ -30,12 +30,14 @@ func merge(cfg config, args []string, stdout, stderr io.Writer) error {
 		}
 		results = append(results, rs...)
 	}
+	results, notApplicable := loadtest.SplitApplicable(results) // older results.json still hold them
 	rep := loadtest.Report{
-		Results: results,
-		Machine: loadtest.ThisMachine(),
-		Command: strings.TrimSpace("lab " + strings.Join(args, " ")),
-		Started: time.Now(),
-		Merged:  cfg.merge,
+		Results:       results,
+		Machine:       loadtest.ThisMachine(),
+		Command:       strings.TrimSpace("lab " + strings.Join(args, " ")),
+		Started:       time.Now(),
+		Merged:        cfg.merge,
+		NotApplicable: notApplicable,
 	}
 	if err := loadtest.WriteReport(cfg.out, rep); err != nil {
 		return err

@@ -1,0 +1,284 @@
+package loadtest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// fixtureReport is a lab's report with what made the old one hard to read:
+// long run names, fault runs whose holders overlapped, refused writes, a
+// lost lease, latency over time for many runs, and a fault that does not
+// apply to a backend.
+func fixtureReport() Report {
+	t0 := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	plain := func(backend, guard string, rps float64, oversold int) Result {
+		r := Result{Backend: backend, Guard: guard, Replicas: 3, Requests: 600, Status: map[string]int{"201": 100 + oversold, "409": 500 - oversold},
+			InitialStock: 100, FinalStock: 0, OrderedQuantity: 100 + oversold, Oversold: oversold, LostUpdates: oversold,
+			ThroughputRPS: rps, LatencyMS: Latency{P50: 3.1, P90: 7.9, P99: 14.2, Max: 30.5}, Seed: 1, Safe: oversold == 0}
+		for i := range 12 {
+			r.OverTime = append(r.OverTime, Slice{At: float64(i) * 0.05, Requests: 50, Created: 8, P50: 3, P99: float64(10 + i*(len(backend)%5))})
+		}
+		return r
+	}
+	// A fault run: r3 granted token 4, frozen 1.0 s to 3.0 s; r1 granted
+	// token 5 at 2.1 s (two holders), writes; r3 resumes and writes with 4.
+	fault := func(backend, guard, name string, refused bool) Result {
+		r := plain(backend, guard, 300, 0)
+		r.Fault, r.OverTime = name, nil
+		leases := []LeaseRecord{
+			{Instance: "replica-with-a-long-name-1", Key: "sku/fault-x", Token: 3, AcquiredAt: at(200), ReleasedAt: at(400)},
+			{Instance: "r3", Key: "sku/fault-x", Token: 4, AcquiredAt: at(900), LostAt: at(3050), Lost: true},
+			{Instance: "replica-with-a-long-name-1", Key: "sku/fault-x", Token: 5, AcquiredAt: at(2100), ReleasedAt: at(2160)},
+			{Instance: "r2", Key: "sku/hot", Token: 9, AcquiredAt: at(100), ReleasedAt: at(150)},
+		}
+		outcome := "committed"
+		if refused {
+			outcome = "refused"
+		}
+		writes := []WriteRecord{
+			{Instance: "replica-with-a-long-name-1", At: at(350), SKU: "fault-x", Token: 3, Orders: 1, Outcome: "committed"},
+			{Instance: "replica-with-a-long-name-1", At: at(2150), SKU: "fault-x", Token: 5, Orders: 1, Outcome: "committed"},
+			{Instance: "r3", At: at(3040), SKU: "fault-x", Token: 4, Orders: 1, Outcome: outcome},
+		}
+		events := []FaultEvent{
+			{At: at(1000), Text: "r3 frozen (SIGSTOP) at before-write, holding its lease", Fired: true},
+			{At: at(2100), Text: "replica-with-a-long-name-1 took the same lock 1.1s into the pause and writes"},
+			{At: at(3000), Text: "r3 resumed (SIGCONT) after 2s and went on with its lost lease"},
+		}
+		r.Timeline = BuildTimeline(t0, "fault-x", events, leases, writes)
+		r.FaultEvents = []string{events[0].Text, events[1].Text, events[2].Text}
+		r.Overlaps = len(r.Timeline.Overlaps)
+		if refused {
+			r.StaleWritesRefused = 1
+		} else {
+			r.LostUpdates, r.Safe = 1, false
+		}
+		return r
+	}
+	notApplicable := func(backend, guard string) Result {
+		return Result{Backend: backend, Guard: guard, Fault: "redis-failover", NotApplicable: true,
+			Notes: []string{"fault redis-failover does not apply to backend " + backend + " (only redis)"}}
+	}
+	results := []Result{
+		plain("local", "none", 1000, 198),
+		plain("redis", "none", 773, 0),
+		plain("zookeeper", "none", 282, 0),
+		plain("etcd", "version", 252, 0),
+		plain("none", "atomic", 998, 0),
+		fault("redis", "none", "pause-holder", false),
+		fault("redis", "fencing", "pause-holder", true),
+		fault("zookeeper", "version", "redlock-node-restart-delayed", true),
+		notApplicable("zookeeper", "none"),
+		notApplicable("zookeeper", "fencing"),
+	}
+	ran, na := SplitApplicable(results)
+	return Report{Results: ran, NotApplicable: na, Machine: Machine{CPU: "test CPU", Cores: 2, OS: "linux", Go: "go1.26"},
+		Command: "lab --fault pause-holder,redis-failover,redlock-node-restart-delayed --backends redis,zookeeper", Started: t0, Wall: time.Minute}
+}
+
+// TestReportInBrowser renders the fixture's report and opens it in a real
+// Chromium at 1280 px. OVERSOLD_CHECK_REPORT=DIR checks a report folder
+// written by a lab instead (its results.json says what to expect).
+func TestReportInBrowser(t *testing.T) {
+	dir := os.Getenv("OVERSOLD_CHECK_REPORT")
+	var results []Result
+	notApplicable := 0
+	if dir == "" {
+		rep := fixtureReport()
+		dir = t.TempDir()
+		if keep := os.Getenv("OVERSOLD_FIXTURE_OUT"); keep != "" {
+			dir = keep // to look at it
+		}
+		if err := WriteReport(dir, rep); err != nil {
+			t.Fatal(err)
+		}
+		results, notApplicable = rep.Results, len(rep.NotApplicable)
+		b, err := os.ReadFile(filepath.Join(dir, ResultsJSON))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), `"not_applicable"`) || strings.Contains(string(b), "redis-failover") {
+			t.Errorf("results.json holds the runs that did not apply")
+		}
+	} else {
+		f, err := os.Open(filepath.Join(dir, ResultsJSON))
+		if err != nil {
+			t.Fatal(err)
+		}
+		results, err = ReadJSON(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	page := checkInBrowser(t, filepath.Join(dir, ReportHTML))
+
+	for _, p := range page.Problems {
+		t.Error(p)
+	}
+	if strings.Contains(page.AllText, "<nil>") {
+		t.Error("the page says <nil>")
+	}
+	var faults []Result
+	for _, r := range results {
+		if r.NotApplicable {
+			t.Errorf("%s: a run that did not apply is in results.json", r.Name())
+		}
+		if r.Fault != "" && !r.NotApplicable {
+			faults = append(faults, r)
+		}
+	}
+	if len(page.Timelines) != len(faults) {
+		t.Errorf("%d timelines, want one per fault run: %d", len(page.Timelines), len(faults))
+	}
+	for _, r := range faults {
+		tl, ok := page.Timelines[r.Name()]
+		switch {
+		case !ok:
+			t.Errorf("%s: no timeline", r.Name())
+		case tl.Lanes < r.Replicas:
+			t.Errorf("%s: %d lanes, want one per replica (%d)", r.Name(), tl.Lanes, r.Replicas)
+		case r.Overlaps > 0 && tl.Overlaps == 0:
+			t.Errorf("%s: two holders overlapped %d times, and the timeline marks no overlap", r.Name(), r.Overlaps)
+		case r.Overlaps == 0 && tl.Overlaps > 0:
+			t.Errorf("%s: the timeline marks %d overlaps in a run that had none", r.Name(), tl.Overlaps)
+		case tl.Leases == 0:
+			t.Errorf("%s: the timeline draws no lease", r.Name())
+		}
+		if r.Timeline != nil {
+			refused := 0
+			for _, w := range r.Timeline.Writes {
+				if w.Outcome == "refused" {
+					refused++
+				}
+			}
+			if tl.Refused != refused || tl.Writes != len(r.Timeline.Writes) {
+				t.Errorf("%s: the timeline marks %d writes, %d refused; the run had %d, %d refused", r.Name(), tl.Writes, tl.Refused, len(r.Timeline.Writes), refused)
+			}
+		}
+	}
+	if notApplicable > 0 {
+		if n := strings.Count(page.Text, "redis-failover on zookeeper"); n != 1 {
+			t.Errorf("the pair that did not apply is named %d times, want once", n)
+		}
+	}
+}
+
+// browserPage is what checkInBrowser found on a page.
+type browserPage struct {
+	Problems  []string
+	Text      string // what a reader sees
+	AllText   string // with the charts' text and tooltips
+	Timelines map[string]struct{ Lanes, Leases, Overlaps, Writes, Refused int }
+}
+
+// pageCheck runs in the page: what is cut off or drawn outside its chart,
+// and what each timeline holds.
+const pageCheck = `(() => {
+  const problems = [];
+  const vw = window.innerWidth;
+  if (document.documentElement.scrollWidth > vw) problems.push("the page scrolls sideways: " + document.documentElement.scrollWidth + " px wide in a " + vw + " px window");
+  for (const svg of document.querySelectorAll("svg")) {
+    const name = svg.getAttribute("aria-label") || svg.getAttribute("data-run") || "a chart";
+    const box = svg.getBoundingClientRect();
+    if (box.right > vw + 0.5) problems.push(name + ": the chart ends at " + Math.round(box.right) + " px, past the window");
+    const vb = svg.viewBox.baseVal;
+    for (const text of svg.querySelectorAll("text")) {
+      const b = text.getBBox();
+      if (b.x < vb.x - 0.5 || b.y < vb.y - 0.5 || b.x + b.width > vb.x + vb.width + 0.5 || b.y + b.height > vb.y + vb.height + 0.5)
+        problems.push(name + ": text " + JSON.stringify(text.textContent) + " is outside the chart");
+    }
+  }
+  for (const table of document.querySelectorAll("table")) {
+    const box = table.parentElement;
+    const ox = getComputedStyle(box).overflowX;
+    const scrolls = ox === "auto" || ox === "scroll";
+    if (box.getBoundingClientRect().right > vw + 0.5) problems.push("a table's box ends past the window");
+    if (table.getBoundingClientRect().right > box.getBoundingClientRect().right + 0.5 && !scrolls) problems.push("a table is cut off by its box, which does not scroll");
+    for (const cell of table.querySelectorAll("td, th")) {
+      if (cell.scrollWidth > cell.clientWidth + 1) problems.push("table cell " + JSON.stringify(cell.textContent) + " is cut off");
+    }
+  }
+  const timelines = {};
+  for (const svg of document.querySelectorAll('svg[data-chart="timeline"]')) {
+    const run = svg.getAttribute("data-run");
+    if (timelines[run]) problems.push(run + ": two timelines");
+    const leases = svg.querySelectorAll("[data-lease]");
+    for (const l of leases) if (!/^[0-9]+$/.test(l.getAttribute("data-token") || "")) problems.push(run + ": a lease without its token");
+    timelines[run] = {
+      Lanes: svg.querySelectorAll("[data-lane]").length,
+      Leases: leases.length,
+      Overlaps: svg.querySelectorAll("[data-overlap]").length,
+      Writes: svg.querySelectorAll("[data-write]").length,
+      Refused: svg.querySelectorAll('[data-write="refused"]').length,
+    };
+  }
+  return JSON.stringify({Problems: problems, Text: document.body.innerText, AllText: document.documentElement.textContent, Timelines: timelines});
+})()`
+
+// checkInBrowser opens file in headless Chromium, 1280 px wide, and runs
+// pageCheck on it.
+func checkInBrowser(t *testing.T, file string) browserPage {
+	t.Helper()
+	chromium := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			chromium = p
+			break
+		}
+	}
+	if chromium == "" {
+		if os.Getenv("OVERSOLD_REQUIRE_SERVERS") != "" {
+			t.Fatal("no chromium on PATH (make deps installs it)")
+		}
+		t.Skip("no chromium on PATH: make deps installs it")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.WindowSize(1280, 900),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(actx)
+	defer cancelBrowser()
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []chromedp.Action[chromedp.Void]{
+		chromedp.EmulateViewport(1280, 900),
+		chromedp.Navigate("file://" + abs),
+		chromedp.WaitReady("body"),
+	} {
+		if _, err := chromedp.Run(bctx, step); err != nil {
+			t.Fatalf("chromium: %v", err)
+		}
+	}
+	out, err := chromedp.Run(bctx, chromedp.Evaluate[string](pageCheck))
+	if err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	var page browserPage
+	if err := json.Unmarshal([]byte(out), &page); err != nil {
+		t.Fatalf("page check: %v", err)
+	}
+	if len(page.Problems) > 30 {
+		page.Problems = append(page.Problems[:30], fmt.Sprintf("and %d more", len(page.Problems)-30))
+	}
+	return page
+}

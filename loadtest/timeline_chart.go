@@ -1,0 +1,168 @@
+package loadtest
+
+import (
+	"fmt"
+	"html/template"
+	"math"
+	"strings"
+)
+
+// textWidth estimates the width in px of s in the charts' font at size px:
+// enough for layout (labels sized from the longest, tokens drawn only where
+// they fit) without a font at hand.
+func textWidth(s string, size float64) float64 {
+	return float64(len([]rune(s))) * size * 0.6
+}
+
+// timelineChart draws a fault run's lease timeline: time across, a lane per
+// replica, each lease from grant to release or loss with its token, the
+// fault's window shaded, writes committed or refused, overlaps outlined.
+// The data attributes are docs/design.md's, for tools and tests.
+func timelineChart(r Result) template.HTML {
+	tl := r.Timeline
+	const laneH, top, right = 34, 78, 30
+	labelW := 0.0
+	for _, l := range tl.Lanes {
+		labelW = math.Max(labelW, textWidth(l, 12))
+	}
+	left := math.Ceil(labelW) + 16
+	height := top + laneH*len(tl.Lanes) + 34
+	span := math.Max(tl.ToMS-tl.FromMS, 1)
+	plotW := float64(chartWidth) - left - right
+	x := func(ms float64) float64 {
+		return left + (math.Min(math.Max(ms, tl.FromMS), tl.ToMS)-tl.FromMS)/span*plotW
+	}
+	lane := map[string]int{}
+	for i, l := range tl.Lanes {
+		lane[l] = i
+	}
+	laneY := func(name string) int { return top + lane[name]*laneH }
+	bottom := top + laneH*len(tl.Lanes)
+
+	var b strings.Builder
+	title := fmt.Sprintf("Who held %s, and whose write landed", tl.Key)
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s" data-chart="timeline" data-run="%s">`,
+		chartWidth, height, chartWidth, height, esc(r.Name()+": "+title), esc(r.Name()))
+	fmt.Fprintf(&b, `<text x="4" y="16" class="title">%s</text>`, esc(fitText(title, 14, chartWidth-8)))
+	timelineLegend(&b, 4, 36)
+
+	if w := tl.Fault; w != nil {
+		x0, x1 := x(w.FromMS), x(w.ToMS)
+		fmt.Fprintf(&b, `<rect data-fault-window x="%.1f" y="%d" width="%.1f" height="%d" class="fault-window"><title>%s: %s to %s</title></rect>`,
+			x0, top-8, math.Max(x1-x0, 2), bottom-top+8, esc(r.Fault), seconds(w.FromMS), seconds(w.ToMS))
+		label := r.Fault
+		lx, anchor := x0+3, "start"
+		if lx+textWidth(label, 11) > float64(chartWidth-4) {
+			lx, anchor = math.Min(x1, float64(chartWidth-4)), "end"
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="%s" class="value">%s</text>`, lx, top-12, anchor, esc(label))
+	}
+	for _, t := range ticksBetween(tl.FromMS, tl.ToMS) {
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" class="grid"/>`, x(t), top-4, x(t), bottom)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" class="value">%s</text>`, x(t), bottom+14, seconds(t))
+	}
+	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" class="unit">seconds after the load began</text>`, chartWidth-4, bottom+29)
+
+	for _, name := range tl.Lanes {
+		y := laneY(name)
+		fmt.Fprintf(&b, `<g data-lane="%s">`, esc(name))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="end" class="label">%s</text>`, left-8, y+laneH/2+4, esc(name))
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%d" y2="%d" class="axis"/>`, left, y+laneH/2, chartWidth-right, y+laneH/2)
+		for _, l := range tl.Leases {
+			if l.Instance != name {
+				continue
+			}
+			x0, x1 := x(l.FromMS), x(l.ToMS)
+			w := math.Max(x1-x0, 1.5)
+			class, how := "lease", "released"
+			if l.Lost {
+				class, how = "lease lost", "lost"
+			}
+			fmt.Fprintf(&b, `<rect data-lease data-token="%d" x="%.1f" y="%d" width="%.1f" height="16" class="%s"><title>%s token %d: granted %s, %s %s</title></rect>`,
+				l.Token, x0, y+laneH/2-8, w, class, esc(name), l.Token, seconds(l.FromMS), how, seconds(l.ToMS))
+			for _, label := range []string{fmt.Sprintf("token %d", l.Token), fmt.Sprint(l.Token)} {
+				if textWidth(label, 11)+6 <= w {
+					fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" class="token">%s</text>`, x0+w/2, y+laneH/2+4, label)
+					break
+				}
+			}
+		}
+		for _, wr := range tl.Writes {
+			if wr.Instance != name {
+				continue
+			}
+			cx, cy := x(wr.AtMS), y+laneH/2+12
+			tip := fmt.Sprintf("%s's write with token %d %s at %s (%d %s)", name, wr.Token, wr.Outcome, seconds(wr.AtMS), wr.Orders, plural(wr.Orders, "order", "orders"))
+			if wr.Outcome == "refused" {
+				fmt.Fprintf(&b, `<path data-write="refused" d="M%.1f %dl8 8m0 -8l-8 8" class="refused"><title>%s</title></path>`, cx-4, cy-4, esc(tip))
+			} else {
+				fmt.Fprintf(&b, `<circle data-write="committed" cx="%.1f" cy="%d" r="3.5" class="committed"><title>%s</title></circle>`, cx, cy, esc(tip))
+			}
+		}
+		b.WriteString(`</g>`)
+	}
+	for _, o := range tl.Overlaps {
+		ya, yb := laneY(o.A), laneY(o.B)
+		y0, y1 := min(ya, yb), max(ya, yb)+laneH
+		x0, x1 := x(o.FromMS), x(o.ToMS)
+		fmt.Fprintf(&b, `<rect data-overlap x="%.1f" y="%d" width="%.1f" height="%d" class="overlap"><title>two holders: %s (token %d) and %s (token %d), %s to %s</title></rect>`,
+			x0, y0+2, math.Max(x1-x0, 2), y1-y0-4, esc(o.A), o.TokenA, esc(o.B), o.TokenB, seconds(o.FromMS), seconds(o.ToMS))
+	}
+	for _, e := range tl.Events {
+		if e.AtMS < tl.FromMS || e.AtMS > tl.ToMS {
+			continue
+		}
+		fmt.Fprintf(&b, `<path d="M%.1f %dl-4 -7h8z" class="event"><title>%s: %s</title></path>`, x(e.AtMS), top-1, seconds(e.AtMS), esc(e.Text))
+	}
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String())
+}
+
+// timelineLegend names the marks, on one row from (x, y).
+func timelineLegend(b *strings.Builder, x, y int) {
+	items := []struct{ mark, name string }{
+		{`<rect x="%d" y="%d" width="14" height="9" class="lease"/>`, "lease (token)"},
+		{`<rect x="%d" y="%d" width="14" height="9" class="lease lost"/>`, "lease seen lost"},
+		{`<rect x="%d" y="%d" width="14" height="9" class="overlap"/>`, "two holders"},
+		{`<rect x="%d" y="%d" width="14" height="9" class="fault-window"/>`, "fault window"},
+		{`<circle cx="%d" cy="%d" r="3.5" class="committed"/>`, "write committed"},
+		{`<path d="M%d %dl8 8m0 -8l-8 8" class="refused"/>`, "write refused"},
+	}
+	for i, it := range items {
+		mx, my := x, y
+		switch i {
+		case 4:
+			mx, my = x+7, y+5
+		case 5:
+			mx, my = x+3, y+1
+		}
+		fmt.Fprintf(b, it.mark, mx, my)
+		fmt.Fprintf(b, `<text x="%d" y="%d" class="value">%s</text>`, x+19, y+9, it.name)
+		x += 19 + int(textWidth(it.name, 11)) + 14
+	}
+}
+
+// fitText cuts s to fit width px at size px, with an ellipsis; the whole
+// text stays in the chart's aria-label.
+func fitText(s string, size, width float64) string {
+	if textWidth(s, size) <= width {
+		return s
+	}
+	r := []rune(s)
+	n := int(width/(size*0.6)) - 1
+	return string(r[:max(n, 1)]) + "…"
+}
+
+// ticksBetween returns round tick values within [from, to].
+func ticksBetween(from, to float64) []float64 {
+	step := ticks(to - from)
+	if len(step) < 2 {
+		return nil
+	}
+	d := step[1]
+	var out []float64
+	for t := math.Ceil(from/d) * d; t <= to; t += d {
+		out = append(out, math.Round(t*1e3)/1e3)
+	}
+	return out
+}
