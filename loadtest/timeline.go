@@ -230,7 +230,10 @@ func (r Result) StoryLines() []StoryLine {
 	}
 	slices.SortStableFunc(ts, func(a, b timed) int { return cmp.Compare(a.at, b.at) })
 	for _, t := range ts {
-		t.At = "+" + seconds(t.at)
+		t.At = seconds(t.at)
+		if t.at >= 0 {
+			t.At = "+" + t.At
+		}
 		out = append(out, t.StoryLine)
 	}
 	var end []string

@@ -59,10 +59,17 @@ func timelineChart(r Result) template.HTML {
 	}
 	for _, t := range ticksBetween(tl.FromMS, tl.ToMS) {
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" class="grid"/>`, x(t), top-4, x(t), bottom)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" class="value">%s</text>`, x(t), bottom+14, seconds(t))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" class="value">%s s</text>`, x(t), bottom+14, num(t/1000))
 	}
 	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" class="unit">seconds after the load began</text>`, chartWidth-4, bottom+29)
 
+	for _, o := range tl.Overlaps {
+		ya, yb := laneY(o.A), laneY(o.B)
+		y0, y1 := min(ya, yb), max(ya, yb)+laneH
+		x0, x1 := x(o.FromMS), x(o.ToMS)
+		fmt.Fprintf(&b, `<rect data-overlap x="%.1f" y="%d" width="%.1f" height="%d" class="overlap"><title>two holders: %s (token %d) and %s (token %d), %s to %s</title></rect>`,
+			math.Min(x0, x1-6), y0+2, math.Max(x1-x0, 6), y1-y0-4, esc(o.A), o.TokenA, esc(o.B), o.TokenB, seconds(o.FromMS), seconds(o.ToMS))
+	}
 	for _, name := range tl.Lanes {
 		y := laneY(name)
 		fmt.Fprintf(&b, `<g data-lane="%s">`, esc(name))
@@ -73,18 +80,21 @@ func timelineChart(r Result) template.HTML {
 				continue
 			}
 			x0, x1 := x(l.FromMS), x(l.ToMS)
-			w := math.Max(x1-x0, 1.5)
+			w := math.Max(x1-x0, 4) // a lease of a few ms stays visible
 			class, how := "lease", "released"
 			if l.Lost {
 				class, how = "lease lost", "lost"
 			}
 			fmt.Fprintf(&b, `<rect data-lease data-token="%d" x="%.1f" y="%d" width="%.1f" height="16" class="%s"><title>%s token %d: granted %s, %s %s</title></rect>`,
 				l.Token, x0, y+laneH/2-8, w, class, esc(name), l.Token, seconds(l.FromMS), how, seconds(l.ToMS))
-			for _, label := range []string{fmt.Sprintf("token %d", l.Token), fmt.Sprint(l.Token)} {
-				if textWidth(label, 11)+6 <= w {
-					fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" class="token">%s</text>`, x0+w/2, y+laneH/2+4, label)
-					break
-				}
+			// The token inside the lease, or right of a short one where the
+			// lane has room.
+			label := fmt.Sprintf("token %d", l.Token)
+			switch tw := textWidth(label, 11); {
+			case tw+6 <= w:
+				fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" class="token">%s</text>`, x0+w/2, y+laneH/2+4, label)
+			case x0+w+4+tw <= float64(chartWidth-4):
+				fmt.Fprintf(&b, `<text x="%.1f" y="%d" class="token">%s</text>`, x0+w+4, y+laneH/2-3, label)
 			}
 		}
 		for _, wr := range tl.Writes {
@@ -100,13 +110,6 @@ func timelineChart(r Result) template.HTML {
 			}
 		}
 		b.WriteString(`</g>`)
-	}
-	for _, o := range tl.Overlaps {
-		ya, yb := laneY(o.A), laneY(o.B)
-		y0, y1 := min(ya, yb), max(ya, yb)+laneH
-		x0, x1 := x(o.FromMS), x(o.ToMS)
-		fmt.Fprintf(&b, `<rect data-overlap x="%.1f" y="%d" width="%.1f" height="%d" class="overlap"><title>two holders: %s (token %d) and %s (token %d), %s to %s</title></rect>`,
-			x0, y0+2, math.Max(x1-x0, 2), y1-y0-4, esc(o.A), o.TokenA, esc(o.B), o.TokenB, seconds(o.FromMS), seconds(o.ToMS))
 	}
 	for _, e := range tl.Events {
 		if e.AtMS < tl.FromMS || e.AtMS > tl.ToMS {
