@@ -42,6 +42,8 @@ const (
 	ResultsJSON = "results.json"
 	ResultsMD   = "results.md"
 	ReportHTML  = "report.html"
+	// TimelinesDir holds each fault run's lease timeline as an SVG file.
+	TimelinesDir = "timelines"
 )
 
 // WriteReport writes results.json, results.md and report.html to dir.
@@ -58,7 +60,16 @@ func WriteReport(dir string, rep Report) error {
 	if err := writeHTML(&page, rep); err != nil {
 		return err
 	}
-	for name, b := range map[string][]byte{ResultsJSON: js.Bytes(), ResultsMD: md.Bytes(), ReportHTML: page.Bytes()} {
+	files := map[string][]byte{ResultsJSON: js.Bytes(), ResultsMD: md.Bytes(), ReportHTML: page.Bytes()}
+	for _, r := range rep.Results {
+		if r.Timeline != nil && len(r.Timeline.Lanes) > 0 {
+			files[filepath.Join(TimelinesDir, TimelineFile(r))] = []byte(timelineChart(r))
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, TimelinesDir), 0o755); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
 			return fmt.Errorf("report: %w", err)
 		}

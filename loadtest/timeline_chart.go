@@ -43,12 +43,13 @@ func timelineChart(r Result) template.HTML {
 	title := fmt.Sprintf("Who held %s, and whose write landed", tl.Key)
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s" data-chart="timeline" data-run="%s">`,
 		chartWidth, height, chartWidth, height, esc(r.Name()+": "+title), esc(r.Name()))
+	b.WriteString(timelineStyle)
 	fmt.Fprintf(&b, `<text x="4" y="16" class="title">%s</text>`, esc(fitText(title, 14, chartWidth-8)))
 	timelineLegend(&b, 4, 36)
 
 	if w := tl.Fault; w != nil {
 		x0, x1 := x(w.FromMS), x(w.ToMS)
-		fmt.Fprintf(&b, `<rect data-fault-window x="%.1f" y="%d" width="%.1f" height="%d" class="fault-window"><title>%s: %s to %s</title></rect>`,
+		fmt.Fprintf(&b, `<rect data-fault-window="" x="%.1f" y="%d" width="%.1f" height="%d" class="fault-window"><title>%s: %s to %s</title></rect>`,
 			x0, top-8, math.Max(x1-x0, 2), bottom-top+8, esc(r.Fault), seconds(w.FromMS), seconds(w.ToMS))
 		label := r.Fault
 		lx, anchor := x0+3, "start"
@@ -67,7 +68,7 @@ func timelineChart(r Result) template.HTML {
 		ya, yb := laneY(o.A), laneY(o.B)
 		y0, y1 := min(ya, yb), max(ya, yb)+laneH
 		x0, x1 := x(o.FromMS), x(o.ToMS)
-		fmt.Fprintf(&b, `<rect data-overlap x="%.1f" y="%d" width="%.1f" height="%d" class="overlap"><title>two holders: %s (token %d) and %s (token %d), %s to %s</title></rect>`,
+		fmt.Fprintf(&b, `<rect data-overlap="" x="%.1f" y="%d" width="%.1f" height="%d" class="overlap"><title>two holders: %s (token %d) and %s (token %d), %s to %s</title></rect>`,
 			math.Min(x0, x1-6), y0+2, math.Max(x1-x0, 6), y1-y0-4, esc(o.A), o.TokenA, esc(o.B), o.TokenB, seconds(o.FromMS), seconds(o.ToMS))
 	}
 	for _, name := range tl.Lanes {
@@ -85,7 +86,7 @@ func timelineChart(r Result) template.HTML {
 			if l.Lost {
 				class, how = "lease lost", "lost"
 			}
-			fmt.Fprintf(&b, `<rect data-lease data-token="%d" x="%.1f" y="%d" width="%.1f" height="16" class="%s"><title>%s token %d: granted %s, %s %s</title></rect>`,
+			fmt.Fprintf(&b, `<rect data-lease="" data-token="%d" x="%.1f" y="%d" width="%.1f" height="16" class="%s"><title>%s token %d: granted %s, %s %s</title></rect>`,
 				l.Token, x0, y+laneH/2-8, w, class, esc(name), l.Token, seconds(l.FromMS), how, seconds(l.ToMS))
 			// The token inside the lease, or right of a short one where the
 			// lane has room.
@@ -119,6 +120,31 @@ func timelineChart(r Result) template.HTML {
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String())
+}
+
+// timelineStyle goes inside each timeline, so that the SVG file the lab
+// writes beside the report looks the same on its own.
+const timelineStyle = `<style>
+text { font-family: system-ui, sans-serif; }
+.title { font-weight: 600; font-size: 14px; fill: #111827; }
+.label { font-size: 12px; fill: #111827; }
+.value, .unit { font-size: 11px; fill: #4b5563; }
+.token { font-size: 11px; fill: #1e3a8a; }
+.axis { stroke: #9ca3af; }
+.grid { stroke: #e5e7eb; }
+.lease { fill: #bfdbfe; stroke: #2563eb; stroke-width: 1; }
+.lease.lost { fill: #fed7aa; stroke: #c2410c; }
+.overlap { fill: #dc2626; fill-opacity: .14; stroke: #dc2626; stroke-width: 1.5; }
+.fault-window { fill: #fde68a; fill-opacity: .55; }
+.committed { fill: #15803d; }
+.refused { stroke: #b91c1c; stroke-width: 2.4; fill: none; }
+.event { fill: #92400e; }
+</style>`
+
+// TimelineFile is the file name of r's timeline in the report folder's
+// timelines/ directory: "redis-none+pause-holder-seed1.svg".
+func TimelineFile(r Result) string {
+	return fmt.Sprintf("%s-seed%d.svg", strings.ReplaceAll(r.Name(), "/", "-"), r.Seed)
 }
 
 // timelineLegend names the marks, on one row from (x, y).
