@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html/template"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -74,6 +75,16 @@ func timelineChart(r Result) template.HTML {
 	for _, name := range tl.Lanes {
 		y := laneY(name)
 		fmt.Fprintf(&b, `<g data-lane="%s">`, esc(name))
+		labelEnd := 0.0 // where the lane's last token label ends
+		var starts []float64
+		for _, l := range tl.Leases {
+			if l.Instance == name {
+				starts = append(starts, x(l.FromMS))
+			}
+		}
+		free := func(from, to float64) bool { // no lease of the lane starts there
+			return !slices.ContainsFunc(starts, func(s float64) bool { return s > from && s < to })
+		}
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="end" class="label">%s</text>`, left-8, y+laneH/2+4, esc(name))
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%d" y2="%d" class="axis"/>`, left, y+laneH/2, chartWidth-right, y+laneH/2)
 		for _, l := range tl.Leases {
@@ -89,13 +100,15 @@ func timelineChart(r Result) template.HTML {
 			fmt.Fprintf(&b, `<rect data-lease="" data-token="%d" x="%.1f" y="%d" width="%.1f" height="16" class="%s"><title>%s token %d: granted %s, %s %s</title></rect>`,
 				l.Token, x0, y+laneH/2-8, w, class, esc(name), l.Token, seconds(l.FromMS), how, seconds(l.ToMS))
 			// The token inside the lease, or right of a short one where the
-			// lane has room.
+			// lane has room and no label of the lane's is there yet.
 			label := fmt.Sprintf("token %d", l.Token)
 			switch tw := textWidth(label, 11); {
-			case tw+6 <= w:
+			case tw+6 <= w && x0+w/2-tw/2 > labelEnd:
 				fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" class="token">%s</text>`, x0+w/2, y+laneH/2+4, label)
-			case x0+w+4+tw <= float64(chartWidth-4):
+				labelEnd = x0 + w/2 + tw/2 + 4
+			case x0+w+4 > labelEnd && x0+w+4+tw <= float64(chartWidth-4) && free(x0+w, x0+w+8+tw):
 				fmt.Fprintf(&b, `<text x="%.1f" y="%d" class="token">%s</text>`, x0+w+4, y+laneH/2-3, label)
+				labelEnd = x0 + w + 8 + tw
 			}
 		}
 		for _, wr := range tl.Writes {
