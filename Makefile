@@ -11,7 +11,7 @@ ARGS     ?=
 # Redocly CLI, pinned: npx keeps it in npm's cache after the first run.
 REDOCLY  := @redocly/cli@2.77.0
 
-.PHONY: deps lab test test-containers images vet bench openapi-lint
+.PHONY: deps lab test test-containers images compose-demo vet bench openapi-lint
 
 # Installs the Debian server packages that are missing; the project starts
 # its own private servers from them, so none needs to run as a service.
@@ -66,6 +66,14 @@ test-containers: deps
 	env $$env OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -race -count=1 -timeout 15m $(CONTAINER_TESTS) && \
 	env $$env OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -count=1 -timeout 10m -run '^TestLabEndToEnd$$' ./cmd/lab/ && \
 	env $$env OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -count=1 -timeout 10m -run '^TestRedisFailover$$' ./loadtest/faults/
+
+# docker-compose.yml for real: up on a Docker engine (a private dockerd when
+# none runs), every healthcheck waited for, the lab service run through the
+# balancer and its invariants checked, then down -v. Builds compose v2 as a
+# CLI plugin when missing, and stand-in images where no registry answers.
+# Not part of make test (time): deploy/images/README.md has a run's output.
+compose-demo: deps
+	deploy/images/compose-demo.sh
 
 # Lock benchmarks: every backend against the peer libraries on private real
 # servers (about 5 minutes on 2 cores). Prints the tables and writes them to
