@@ -22,10 +22,11 @@ if [ "${OVERSOLD_STANDIN:-}" = 1 ] || ! timeout 120 docker pull -q redis:7.4-alp
 		docker build -q -t "oversold-local/$image:latest" "$images/compose/$image" >/dev/null
 	done
 	echo "images: oversold-local/golang:latest (this machine's Go)"
-	# The context is a tar of the Go tree and the Dockerfile, nothing else.
+	# The context is a tar of the Go tree, this machine's CA bundle (the
+	# module proxy is reached as from here) and the Dockerfile.
 	goroot=$(go env GOROOT)
 	tar -c --transform "s,^$(basename "$goroot"),go," -C "$(dirname "$goroot")" "$(basename "$goroot")" \
-		-C "$PWD/$images/compose/golang" Dockerfile |
+		-C /etc/ssl/certs ca-certificates.crt -C "$PWD/$images/compose/golang" Dockerfile |
 		docker build -q -t oversold-local/golang:latest - >/dev/null
 	files="$files -f $images/compose/docker-compose.standin.yml"
 fi
