@@ -168,9 +168,18 @@ func writeFaultsMarkdown(w io.Writer, results []Result) {
 	}
 	fmt.Fprintf(w, "\n%s\n\n", faultDefinitions)
 	for _, r := range results {
-		if r.Fault != "" {
-			fmt.Fprintf(w, "- **%s** (seed %d): %s\n", r.Name(), r.Seed, r.Story())
+		if r.Fault == "" {
+			continue
 		}
+		fmt.Fprintf(w, "**%s** (seed %d)\n\n", r.Name(), r.Seed)
+		for _, l := range r.StoryLines() {
+			if l.At != "" {
+				fmt.Fprintf(w, "- %s %s\n", l.At, l.Text)
+			} else {
+				fmt.Fprintf(w, "- %s\n", l.Text)
+			}
+		}
+		fmt.Fprintln(w)
 	}
 }
 

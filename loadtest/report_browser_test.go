@@ -126,8 +126,11 @@ func TestReportInBrowser(t *testing.T) {
 	for _, p := range page.Problems {
 		t.Error(p)
 	}
-	if strings.Contains(page.AllText, "<nil>") {
-		t.Error("the page says <nil>")
+	// Go's zero values and format errors, anywhere, tooltips included.
+	for _, bad := range []string{"<nil>", "%!", "0001-01-01", "NaN", "+Inf"} {
+		if strings.Contains(page.AllText, bad) {
+			t.Errorf("the page says %s", bad)
+		}
 	}
 	var faults []Result
 	for _, r := range results {
