@@ -91,6 +91,8 @@ func Summary(results []Result) []string {
 		}
 	}
 	switch {
+	case fastest == nil && len(safe) > 0:
+		out = append(out, "No safe run here ran without a fault, so this report compares no speeds: a fault's run measures the fault.")
 	case fastest == nil:
 	case reference != nil && reference.ThroughputRPS > 0:
 		out = append(out, fmt.Sprintf("The fastest safe configuration is %s at %s requests/s, %.2f× the lock-free reference %s (%s requests/s) in this report.",
