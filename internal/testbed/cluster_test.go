@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
 )
 
@@ -111,7 +112,11 @@ func TestRedisClusterFailsOver(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	cl := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	// The project's client: it reloads the slot map when a node fails.
+	cl, err := redisconn.Open(strings.Join(c.Addrs(), ","))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer cl.Close()
 	slot, err := c.KeySlot(ctx, "{sku}")
 	if err != nil {
@@ -150,7 +155,7 @@ func TestRedisClusterFailsOver(t *testing.T) {
 	if now, err := c.MasterOf(ctx, slot); err != nil || now != reps[0] {
 		t.Fatalf("master of slot %d = %d, %v; want the replica %d", slot, now, err, reps[0])
 	}
-	// The client follows the failover (MOVED, a refreshed slot map).
+	// The client follows the failover (a refreshed slot map).
 	var got string
 	for got, err = cl.Get(ctx, "{sku}").Result(); err != nil && ctx.Err() == nil; got, err = cl.Get(ctx, "{sku}").Result() {
 		time.Sleep(100 * time.Millisecond)
