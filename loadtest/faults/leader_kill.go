@@ -101,7 +101,11 @@ func leaderKill(backend string, startCluster func(context.Context) (*testbed.Clu
 				return nil
 			}
 			defer c.Answer()
-			leader, err := st.cluster.Leader(ctx)
+			// Asked until a node answers that it leads: a busy JVM may let
+			// one srvr time out.
+			lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			leader, err := st.cluster.WaitLeader(lctx, -1)
+			cancel()
 			if err != nil {
 				return err
 			}
