@@ -23,9 +23,10 @@ const zkSyncLimit = 25
 // StartZooKeeperEnsemble starts a three-node ZooKeeper ensemble (myid 1, 2,
 // 3, one zoo.cfg each, as StartZooKeeper's 200 ms tick) on free loopback
 // ports and returns once every node serves, which needs a leader. peer, if
-// not nil, gives the address node from dials to reach node to's peer port
-// addr (quorum or election): a proxy there lets a fault cut one node off
-// from the others while its clients still reach it.
+// not nil, gives the port on 127.0.0.1 that node from dials to reach node
+// to's peer port (quorum or election); it is called from the nodes' starts
+// at once. A proxy there lets a fault cut one node off from the others
+// while its clients still reach it.
 func StartZooKeeperEnsemble(ctx context.Context, o ClusterOptions, peer func(from, to, port int) (int, error)) (*Cluster, error) {
 	return retryPorts(ctx, o, func(ctx context.Context) (*Cluster, error) { return startZooKeeperEnsemble(ctx, o, peer) })
 }

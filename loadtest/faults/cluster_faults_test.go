@@ -49,10 +49,14 @@ func hasEvent(r loadtest.Result, s string) bool {
 // TestRedisClusterFailover: replication of the lock's slot cut by its ACL
 // user, the lock taken on the master, the master killed, the replica voted
 // in: a second holder takes the same lock there while the first still
-// holds it. Guard none loses an update; fencing refuses the promoted
-// replica's repeated tokens and keeps every invariant.
+// holds it. Guard none loses an update; version refuses the stale write and
+// keeps every invariant. (Fencing is not asserted: the failover also loses
+// cache updates, and once the promoted counter has passed MySQL's fence a
+// holder with a valid token writes a stock computed from the stale cache;
+// the lease records need not show the overlap either, when the first
+// holder's renewal found its key gone before the second grant.)
 func TestRedisClusterFailover(t *testing.T) {
-	for _, guard := range []string{"none", "fencing"} {
+	for _, guard := range []string{"none", "version"} {
 		t.Run("redis/"+guard, func(t *testing.T) {
 			spec := short("redis-cluster-failover", "redis", guard)
 			spec.Requests, spec.Rate = 30, 50 // the fault drives its own orders
@@ -62,7 +66,9 @@ func TestRedisClusterFailover(t *testing.T) {
 				t.Errorf("%s: no second holder: %v", r.Name(), r.FaultEvents)
 			}
 			if guard == "none" {
-				assertBroken(t, r)
+				if r.Oversold == 0 && r.LostUpdates == 0 {
+					t.Errorf("%s: %s; want a lost update (%v)", r.Name(), r.Verdict(), r.FaultEvents)
+				}
 				return
 			}
 			assertSafe(t, r)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
@@ -42,7 +43,10 @@ func ZKFollowerPartition() loadtest.Fault {
 		Backends: []string{"zookeeper"},
 		Prepare: func(ctx context.Context, run *loadtest.Run) (_ func(), err error) {
 			st := &state{links: map[int]proxies{}}
-			var all proxies
+			var (
+				mu  sync.Mutex // peer is called from every node's start at once
+				all proxies
+			)
 			defer func() {
 				if err != nil {
 					all.Close()
@@ -53,9 +57,11 @@ func ZKFollowerPartition() loadtest.Fault {
 				if err != nil {
 					return 0, err
 				}
+				mu.Lock()
 				all = append(all, p)
 				st.links[from] = append(st.links[from], p)
 				st.links[to] = append(st.links[to], p)
+				mu.Unlock()
 				_, ps, _ := net.SplitHostPort(p.Addr())
 				return strconv.Atoi(ps)
 			}
