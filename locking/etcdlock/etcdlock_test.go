@@ -60,7 +60,17 @@ func conformance(t *testing.T, endpoints []string) {
 		},
 		QueueConfig: &backends.Config{EtcdEndpoints: endpoints, TTL: ttl},
 		Leftovers:   queueLength(endpoints),
-		Expiry:      ttl,
+		State: func(ctx context.Context) (state string, err error) {
+			err = withClient(endpoints, func(c *clientv3.Client) error {
+				st, err := c.Status(ctx, endpoints[0])
+				if err == nil {
+					state = fmt.Sprintf("etcd db %d bytes, %d in use, revision %d", st.DbSize, st.DbSizeInUse, st.Header.Revision)
+				}
+				return err
+			})
+			return state, err
+		},
+		Expiry: ttl,
 	})
 }
 

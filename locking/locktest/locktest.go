@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,6 +59,9 @@ type Backend struct {
 	Leftovers func(ctx context.Context, key string) (int, error)
 	// Expiry bounds how long a dead holder's lock takes to free; 0 = the TTL.
 	Expiry time.Duration
+	// State, if set, describes what the server holds overall (database
+	// size, nodes under the root), for the ManyKeys report.
+	State func(ctx context.Context) (string, error)
 }
 
 func (b Backend) ttl() time.Duration {
@@ -129,6 +133,7 @@ func Run(t *testing.T, b Backend) {
 		}
 		killedHolderFrees(t, b, prefix+"/killed")
 	})
+	t.Run("ManyKeys", func(t *testing.T) { manyKeys(t, b, prefix+"/many") })
 	t.Run("CancelledWaiterMidQueue", func(t *testing.T) {
 		if b.QueueConfig == nil {
 			t.Skip("this backend has no queue of waiters to wake")
@@ -655,6 +660,77 @@ func CancelWhileServerPaused(t *testing.T, b Backend, srv *testbed.Server) {
 		}
 	}
 	release(t, held)
+}
+
+// keysEnv sets how many distinct keys ManyKeys takes: 300 by default, and
+// 100000 for the soak whose figures docs quote.
+const keysEnv = "OVERSOLD_LOCKTEST_KEYS"
+
+// manyKeys acquires and releases many distinct keys on one Locker, 8 at a
+// time, and checks that the Locker's goroutines stay flat (a goroutine,
+// watch or subscription kept per key ever used would grow with them) and
+// that released keys leave nothing behind. It logs the figures, and the
+// server's State.
+func manyKeys(t *testing.T, b Backend, prefix string) {
+	n := 300
+	if v, err := strconv.Atoi(os.Getenv(keysEnv)); err == nil && v > 0 {
+		n = v
+	}
+	l := open(t, b)
+	// run takes keys from+1..to, 8 at a time.
+	run := func(from, to int) {
+		var (
+			next atomic.Int64
+			wg   sync.WaitGroup
+		)
+		next.Store(int64(from))
+		for range 8 {
+			wg.Go(func() {
+				for i := next.Add(1); i <= int64(to); i = next.Add(1) {
+					lease, err := l.Acquire(t.Context(), fmt.Sprintf("%s/%d", prefix, i))
+					if err != nil {
+						t.Errorf("acquire key %d: %v", i, err)
+						return
+					}
+					release(t, lease)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	// A first tenth grows the pools and sessions to what 8 workers use.
+	warm := max(n/10, 50)
+	run(0, warm)
+	before := runtime.NumGoroutine()
+	began := time.Now()
+	run(warm, warm+n)
+	took := time.Since(began)
+	// Lingering subscriptions and background cleanups end within seconds.
+	after := runtime.NumGoroutine()
+	for deadline := time.Now().Add(10 * time.Second); after > before && time.Now().Before(deadline); after = runtime.NumGoroutine() {
+		time.Sleep(100 * time.Millisecond)
+	}
+	state := ""
+	if b.State != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var err error
+		if state, err = b.State(ctx); err != nil {
+			t.Errorf("server state: %v", err)
+		}
+	}
+	t.Logf("%s: %d distinct keys in %v (%.0f/s): goroutines %d before, %d after; %s",
+		b.Name, n, took.Round(time.Millisecond), float64(n)/took.Seconds(), before, after, state)
+	if after > before+4 {
+		t.Errorf("goroutines grew from %d to %d over %d distinct keys", before, after, n)
+	}
+	if b.Leftovers != nil {
+		for _, i := range []int{1, warm + n/2, warm + n} {
+			if left := leftovers(t, b, fmt.Sprintf("%s/%d", prefix, i), 0); left != 0 {
+				t.Errorf("key %d: %d objects left after release", i, left)
+			}
+		}
+	}
 }
 
 // The helper-process protocol: the parent starts the test binary with

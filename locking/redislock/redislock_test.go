@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,10 @@ func TestConformance(t *testing.T) {
 			return takeOver(ctx, admin, key)
 		},
 		QueueConfig: &backends.Config{RedisAddr: addr, TTL: time.Minute, FallbackWait: 10 * time.Minute},
+		State: func(ctx context.Context) (string, error) {
+			n, err := admin.DBSize(ctx).Result()
+			return fmt.Sprintf("%d Redis keys (a fence counter per lock key ever used)", n), err
+		},
 		// The lock, and the queue entries of waiters.
 		Leftovers: func(ctx context.Context, key string) (int, error) {
 			n, err := admin.Exists(ctx, lockKey(key)).Result()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -62,7 +63,15 @@ func conformance(t *testing.T, servers []string) {
 		},
 		QueueConfig: &backends.Config{ZKServers: servers, TTL: ttl},
 		Leftovers:   queueLength(servers),
-		Expiry:      ttl,
+		State: func(ctx context.Context) (state string, err error) {
+			err = withConn(ctx, servers, func(c *zk.Conn) error {
+				keys, _, err := c.Children(zklock.DefaultRoot)
+				state = fmt.Sprintf("%d key parents under %s", len(keys), zklock.DefaultRoot)
+				return err
+			})
+			return state, err
+		},
+		Expiry: ttl,
 	})
 }
 
