@@ -40,6 +40,10 @@ func (s *Service) routes() http.Handler {
 	e.Use(s.limit())
 	e.POST("/v1/orders", s.postOrder)
 	e.GET("/v1/orders/:id", s.getOrder)
+	e.POST("/v1/reservations", s.postReservation)
+	e.GET("/v1/reservations/:id", s.getReservation)
+	e.POST("/v1/reservations/:id/confirm", s.confirmReservation)
+	e.POST("/v1/reservations/:id/cancel", s.cancelReservation)
 	e.GET("/v1/inventory/:sku", s.getInventory)
 	e.PUT("/v1/inventory/:sku", s.putInventory)
 	e.GET("/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
@@ -78,11 +82,10 @@ func (s *Service) placed(c echo.Context, o Order, replayed bool) error {
 
 func parseOrder(c echo.Context) (Request, error) {
 	var req Request
-	key := c.Request().Header.Get("Idempotency-Key")
-	if len(key) > maxKeyLength || strings.IndexFunc(key, func(r rune) bool { return r < ' ' || r > '~' }) >= 0 {
-		return req, invalid("Idempotency-Key must be at most %d printable ASCII characters", maxKeyLength)
+	var err error
+	if req.Key, err = idempotencyKey(c); err != nil {
+		return req, err
 	}
-	req.Key = key
 	obj, err := readObject(c, "sku", "quantity")
 	if err != nil {
 		return req, err
@@ -92,6 +95,15 @@ func parseOrder(c echo.Context) (Request, error) {
 	}
 	req.Quantity, err = intField(obj, "quantity", 1, maxQuantity)
 	return req, err
+}
+
+// idempotencyKey is the request's Idempotency-Key header, "" for none.
+func idempotencyKey(c echo.Context) (string, error) {
+	key := c.Request().Header.Get("Idempotency-Key")
+	if len(key) > maxKeyLength || strings.IndexFunc(key, func(r rune) bool { return r < ' ' || r > '~' }) >= 0 {
+		return "", invalid("Idempotency-Key must be at most %d printable ASCII characters", maxKeyLength)
+	}
+	return key, nil
 }
 
 // getOrder: GET /v1/orders/{id}.
@@ -119,7 +131,19 @@ func (s *Service) getInventory(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, toItem(inv))
+	return c.JSON(http.StatusOK, inventoryView(inv))
+}
+
+// inventoryJSON is a SKU as GET and PUT /v1/inventory/{sku} show it.
+type inventoryJSON struct {
+	SKU      string `json:"sku"`
+	Stock    int64  `json:"stock"`
+	Reserved int64  `json:"reserved"`
+	Version  uint64 `json:"version"`
+}
+
+func inventoryView(inv storage.Inventory) inventoryJSON {
+	return inventoryJSON{SKU: inv.SKU, Stock: inv.Stock, Reserved: inv.Reserved, Version: inv.Version}
 }
 
 // putInventory: PUT /v1/inventory/{sku} {"stock"}, admin only, optional
@@ -148,11 +172,11 @@ func (s *Service) putInventory(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	item, err := s.SetStock(c.Request().Context(), sku, stock, ifVersion)
+	inv, err := s.SetStock(c.Request().Context(), sku, stock, ifVersion)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, item)
+	return c.JSON(http.StatusOK, inventoryView(inv))
 }
 
 // authorize checks the admin bearer token in constant time. Both sides are
@@ -176,6 +200,11 @@ func (s *Service) authorize(r *http.Request) error {
 // a body over 64 KiB, malformed JSON, trailing data, unknown or missing
 // fields.
 func readObject(c echo.Context, fields ...string) (map[string]json.RawMessage, error) {
+	return readFields(c, fields, nil)
+}
+
+// readFields is readObject with optional fields besides the required ones.
+func readFields(c echo.Context, required, optional []string) (map[string]json.RawMessage, error) {
 	r := c.Request()
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		return nil, invalid("Content-Type must be application/json")
@@ -204,17 +233,22 @@ func readObject(c echo.Context, fields ...string) (map[string]json.RawMessage, e
 	case err != nil:
 		return nil, invalid("body must be one JSON object: %v", err)
 	}
+	return obj, checkFields(obj, required, optional)
+}
+
+// checkFields refuses unknown and missing fields of obj.
+func checkFields(obj map[string]json.RawMessage, required, optional []string) error {
 	for k := range obj {
-		if !slices.Contains(fields, k) {
-			return nil, invalid("unknown field %q", k)
+		if !slices.Contains(required, k) && !slices.Contains(optional, k) {
+			return invalid("unknown field %q", k)
 		}
 	}
-	for _, f := range fields {
+	for _, f := range required {
 		if _, ok := obj[f]; !ok {
-			return nil, invalid("missing field %q", f)
+			return invalid("missing field %q", f)
 		}
 	}
-	return obj, nil
+	return nil
 }
 
 func skuField(raw json.RawMessage) (string, error) {
@@ -254,6 +288,10 @@ var errorCodes = []struct {
 	{ErrUnauthorized, http.StatusUnauthorized, "unauthorized", ""},
 	{storage.ErrUnknownSKU, http.StatusNotFound, "unknown_sku", "no such sku"},
 	{storage.ErrNotFound, http.StatusNotFound, "not_found", "no such order"},
+	{storage.ErrNoReservation, http.StatusNotFound, "not_found", "no such reservation"},
+	{ErrReservationExpired, http.StatusConflict, "reservation_expired", "the reservation expired; its stock is given back"},
+	{ErrReservationCancelled, http.StatusConflict, "reservation_cancelled", "the reservation was cancelled"},
+	{ErrReservationConfirmed, http.StatusConflict, "reservation_confirmed", "the reservation was confirmed"},
 	{storage.ErrOutOfStock, http.StatusConflict, "out_of_stock", "not enough stock for the quantity ordered"},
 	{ErrLockLost, http.StatusConflict, "lock_lost", "the lock was lost before the write; nothing was written"},
 	{storage.ErrConflict, http.StatusConflict, "conflict", "the stock kept changing; nothing was written, try again"},

@@ -37,6 +37,11 @@ type Metrics struct {
 	cacheBypassed  prometheus.Counter
 	batchSize      prometheus.Observer
 	refused        prometheus.Counter
+
+	// Reservations (reservations.go, sweeper.go).
+	reservations  *prometheus.CounterVec // by op (hold, confirm, cancel, expire) and outcome
+	stockReserved prometheus.Gauge       // stock held by reservations, all SKUs
+	sweepLag      prometheus.Gauge       // now - the oldest due hold, by MySQL's clock
 }
 
 // NewMetrics registers the series of a replica running lock and guard.
@@ -90,6 +95,21 @@ func NewMetrics(replica, lock string, guard storage.Guard) *Metrics {
 			Name: "oversold_http_refused_total",
 			Help: "API requests answered 503 at once because the replica served its OVERSOLD_MAX_IN_FLIGHT already.",
 		}),
+	}
+	m.reservations = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "oversold_reservations_total",
+		Help: "Reservation transitions by operation (hold, confirm, cancel, expire) and outcome.",
+	}, []string{"op", "outcome"})
+	m.stockReserved = f.NewGauge(prometheus.GaugeOpts{
+		Name: "oversold_stock_reserved",
+		Help: "Stock held by reservations, all SKUs, as of this replica's last sweep.",
+	})
+	m.sweepLag = f.NewGauge(prometheus.GaugeOpts{
+		Name: "oversold_sweep_lag_seconds",
+		Help: "How long the oldest due reservation has waited for the sweeper (0: none due), by MySQL's clock.",
+	})
+	for _, op := range []string{"hold", "confirm", "cancel", "expire"} {
+		m.reservations.WithLabelValues(op, "error") // every op shows, at 0 until it happens
 	}
 	for _, o := range outcomes {
 		m.orders.WithLabelValues(o) // every outcome shows, at 0 until it happens

@@ -51,13 +51,19 @@ type Order struct {
 	Lock      string    `json:"lock"`
 	Token     uint64    `json:"token"`
 	CreatedAt time.Time `json:"created_at"`
+	// ReservationID names the confirmed reservation that made the order.
+	ReservationID string `json:"reservation_id,omitempty"`
 }
 
 func fromStorage(o storage.Order) Order {
-	return Order{
+	v := Order{
 		ID: o.ID, SKU: o.SKU, Quantity: o.Quantity, Status: o.Status,
 		Instance: o.Instance, Lock: o.Lock, Token: o.Token, CreatedAt: o.CreatedAt.UTC(),
 	}
+	if o.ReservationID != nil {
+		v.ReservationID = *o.ReservationID
+	}
+	return v
 }
 
 // Request is one order to place. Key is the Idempotency-Key, "" for none.
@@ -77,6 +83,15 @@ type Store interface {
 	InventoryLatest(ctx context.Context, sku string) (storage.Inventory, error)
 	PutInventory(ctx context.Context, p storage.Put) (storage.Inventory, error)
 	Ping(ctx context.Context) error
+
+	// Reservations: see storage.Store.Hold and Settle.
+	Hold(ctx context.Context, guard storage.Guard, r storage.Reservation, ttl time.Duration, moves []storage.Move) (storage.Reservation, []storage.Inventory, error)
+	Settle(ctx context.Context, guard storage.Guard, st storage.Settlement, moves []storage.Move) (storage.Reservation, []storage.Inventory, error)
+	Reservation(ctx context.Context, id string) (storage.Reservation, error)
+	ReservationByKey(ctx context.Context, key string) (storage.Reservation, error)
+	ReservationOrders(ctx context.Context, id string) ([]string, error)
+	DueReservations(ctx context.Context, limit int) ([]string, error)
+	SweepState(ctx context.Context) (storage.SweepState, error)
 
 	// The replicas table, for the mixed-settings check of /readyz.
 	Heartbeat(ctx context.Context, r storage.Replica) error

@@ -60,6 +60,7 @@ func (s *Service) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: %s", ErrMixedSettings, strings.Join(mixed, "; "))
 	}
+	s.heartbeat.Go(s.sweepLoop)
 	s.heartbeat.Go(func() {
 		t := time.NewTicker(heartbeatEvery)
 		defer t.Stop()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/oversold-lab/oversold/inventory"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/storage"
 )
@@ -18,17 +17,17 @@ import (
 // than the reset is refused by the fencing guard). ifVersion, when not 0,
 // must be the SKU's current version, else storage.ErrPrecondition. The
 // cache entry is overwritten, whatever version it claims.
-func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersion uint64) (inventory.Item, error) {
+func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersion uint64) (storage.Inventory, error) {
 	put := storage.Put{SKU: sku, Stock: stock, IfVersion: ifVersion}
 	var lease locking.Lease
 	if s.locker != nil {
 		var err error
 		if lease, err = s.acquire(ctx, sku); err != nil {
-			return inventory.Item{}, err
+			return storage.Inventory{}, err
 		}
 		defer s.release(ctx, lease, s.hold(lease))
 		if lost(lease) {
-			return inventory.Item{}, fmt.Errorf("%w before the reset", ErrLockLost)
+			return storage.Inventory{}, fmt.Errorf("%w before the reset", ErrLockLost)
 		}
 		put.Token = lease.Token()
 	}
@@ -43,15 +42,15 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersi
 		default: // the outcome is unknown: the entry must not outlive the doubt
 			s.refresh(wctx, sku, lease)
 		}
-		return inventory.Item{}, err
+		return storage.Inventory{}, err
 	}
 	s.skus.add(sku)
 	item := toItem(inv)
 	if err := s.cache.Force(wctx, item); err != nil {
 		// MySQL has the new stock; the old entry expires, and a retried
 		// PUT writes both again.
-		return inventory.Item{}, fmt.Errorf("%w: stock set in MySQL, cache not overwritten: %w", ErrUnavailable, err)
+		return storage.Inventory{}, fmt.Errorf("%w: stock set in MySQL, cache not overwritten: %w", ErrUnavailable, err)
 	}
 	s.log.Info("inventory set", "sku", sku, "stock", item.Stock, "version", item.Version)
-	return item, nil
+	return inv, nil
 }

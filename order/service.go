@@ -60,6 +60,11 @@ type Config struct {
 	// BatchWait is how long a batch waits for more orders once its lock is
 	// granted (0: a batch is what queued until the grant).
 	BatchWait time.Duration
+	// ReservationTTL is a hold's time when the request names none (0 =
+	// DefaultReservationTTL).
+	ReservationTTL time.Duration
+	// SweepInterval is how often the sweeper runs (0 = DefaultSweepInterval).
+	SweepInterval time.Duration
 	// AdminToken is the bearer token of the admin routes; "" disables them.
 	AdminToken string
 	// MaxInFlight caps the API requests served at once; the rest are
@@ -140,6 +145,12 @@ func New(store Store, cache Cache, locker Locker, cfg Config) *Service {
 	}
 	if cfg.LockWait <= 0 {
 		cfg.LockWait = DefaultLockWait
+	}
+	if cfg.ReservationTTL <= 0 {
+		cfg.ReservationTTL = DefaultReservationTTL
+	}
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = DefaultSweepInterval
 	}
 	if cfg.BatchMax <= 0 {
 		cfg.BatchMax = DefaultBatchMax

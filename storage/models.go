@@ -7,10 +7,13 @@ import (
 
 // Inventory is one SKU's stock. Version grows with every write, whatever
 // the guard, so the cache can tell a newer entry from an older one. Fence is
-// the highest fencing token that wrote the row (fencing guard only).
+// the highest fencing token that wrote the row (fencing guard only). Stock
+// is what can be sold or held now; Reserved is what reservations hold
+// (docs/design.md, "Reservations"): stock set = Stock + Reserved + sold.
 type Inventory struct {
 	SKU       string    `gorm:"column:sku;type:varbinary(64);primaryKey"`
 	Stock     int64     `gorm:"not null"`
+	Reserved  int64     `gorm:"not null;default:0"`
 	Version   uint64    `gorm:"not null"`
 	Fence     uint64    `gorm:"not null"`
 	CreatedAt time.Time `gorm:"type:datetime(6);not null"`
@@ -43,7 +46,8 @@ type Order struct {
 	Lock           string    `gorm:"type:varchar(16);not null"`  // the lock backend it ran under
 	Token          uint64    `gorm:"not null"`                   // the lease's fencing token; 0 = none
 	IdempotencyKey *string   `gorm:"type:varbinary(255);uniqueIndex"`
-	Fingerprint    []byte    `gorm:"type:varbinary(32)"` // set with IdempotencyKey
+	Fingerprint    []byte    `gorm:"type:varbinary(32)"`       // set with IdempotencyKey
+	ReservationID  *string   `gorm:"type:varbinary(36);index"` // the confirmed reservation that made it
 	CreatedAt      time.Time `gorm:"type:datetime(6);not null"`
 }
 

@@ -323,9 +323,10 @@ func (s *Store) PutInventory(ctx context.Context, p Put) (Inventory, error) {
 // Audit is what MySQL holds for one SKU, to check the invariants of
 // docs/design.md after a run.
 type Audit struct {
-	Stock   int64 // current stock
-	Ordered int64 // sum of the quantities of its orders
-	Orders  int64 // number of its orders
+	Stock    int64 // current stock
+	Reserved int64 // held by reservations
+	Ordered  int64 // sum of the quantities of its orders
+	Orders   int64 // number of its orders
 	// DuplicateKeys counts idempotency keys held by more than one order:
 	// the UNIQUE index keeps it 0.
 	DuplicateKeys int64
@@ -337,7 +338,7 @@ func (s *Store) Audit(ctx context.Context, sku string) (Audit, error) {
 	if err != nil {
 		return Audit{}, err
 	}
-	a := Audit{Stock: inv.Stock}
+	a := Audit{Stock: inv.Stock, Reserved: inv.Reserved}
 	db := s.db.WithContext(ctx)
 	err = db.Raw("SELECT COUNT(*), COALESCE(SUM(quantity), 0) FROM orders WHERE sku = ?", sku).
 		Row().Scan(&a.Orders, &a.Ordered)

@@ -161,7 +161,10 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", migrateLock)
 	db := s.db.WithContext(ctx)
-	if err := db.AutoMigrate(&Inventory{}, &Order{}, &Replica{}, &Meta{}); err != nil {
+	if err := db.AutoMigrate(&Inventory{}, &Order{}, &Replica{}, &Meta{}, &Reservation{}, &Fence{}); err != nil {
+		return err
+	}
+	if err := ensureFences(db); err != nil {
 		return err
 	}
 	// Tables made before identities were exact strings: AutoMigrate does

@@ -37,6 +37,8 @@ type config struct {
 	WorkDelay      time.Duration
 	BatchMax       int
 	BatchWait      time.Duration
+	ReservationTTL time.Duration
+	SweepInterval  time.Duration
 	AdminToken     string
 	MaxInFlight    int
 	RequestTimeout time.Duration
@@ -131,6 +133,17 @@ var settings = []setting{
 	}},
 	{"OVERSOLD_BATCH_WAIT", "0", "how long a granted lock waits for more orders to join its batch", func(c *config, v string) (err error) {
 		c.BatchWait, err = duration(v, true)
+		return err
+	}},
+	{"OVERSOLD_RESERVATION_TTL", "10m", "a reservation's hold time when the request names none", func(c *config, v string) (err error) {
+		c.ReservationTTL, err = duration(v, false)
+		if err == nil && c.ReservationTTL < time.Second {
+			err = fmt.Errorf("%q is under 1s", v)
+		}
+		return err
+	}},
+	{"OVERSOLD_SWEEP_INTERVAL", "1s", "how often a replica looks for expired reservations", func(c *config, v string) (err error) {
+		c.SweepInterval, err = duration(v, false)
 		return err
 	}},
 	{"OVERSOLD_ADMIN_TOKEN", "", "bearer token for admin routes; empty disables them", func(c *config, v string) error {

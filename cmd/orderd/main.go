@@ -150,6 +150,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		WorkDelay:      cfg.WorkDelay,
 		BatchMax:       cfg.BatchMax,
 		BatchWait:      cfg.BatchWait,
+		ReservationTTL: cfg.ReservationTTL,
+		SweepInterval:  cfg.SweepInterval,
 		AdminToken:     cfg.AdminToken,
 		MaxInFlight:    cfg.MaxInFlight,
 		RequestTimeout: cfg.RequestTimeout,

@@ -1,0 +1,470 @@
+package order
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// Reservations (docs/design.md, "Reservations"): a hold moves each line's
+// quantity from stock to reserved; confirm turns the lines into orders;
+// cancel and expiry give the quantity back. Every transition runs the same
+// way:
+//
+//  1. the locks of all its SKUs, in sorted order (locking.AcquireAll):
+//     two carts with the same SKUs in opposite orders never deadlock
+//  2. each line's row read from MySQL under its lock
+//  3. a hold checks every line before writing anything: all or nothing
+//  4. one transaction: the conditional status change (held -> another, by
+//     MySQL's clock) and every line's stock write under the guard
+//  5. the cache takes the rows written; the locks go, after the commit
+//
+// A version conflict runs the whole transition again, bounded, as orders do.
+
+const (
+	// DefaultReservationTTL is Config.ReservationTTL's default, as
+	// OVERSOLD_RESERVATION_TTL's.
+	DefaultReservationTTL = 10 * time.Minute
+	// maxLines and maxTTLSeconds are the API's limits of a hold.
+	maxLines      = 20
+	maxTTLSeconds = 86400
+)
+
+// More errors of the API, for reservations.
+var (
+	// ErrReservationExpired: past its expires_at (MySQL's clock), swept or not.
+	ErrReservationExpired = errors.New("reservation expired")
+	// ErrReservationCancelled: a confirm of a cancelled reservation.
+	ErrReservationCancelled = errors.New("reservation cancelled")
+	// ErrReservationConfirmed: a cancel of a confirmed reservation.
+	ErrReservationConfirmed = errors.New("reservation confirmed")
+)
+
+// Line is one SKU of a reservation.
+type Line struct {
+	SKU      string `json:"sku"`
+	Quantity int64  `json:"quantity"`
+}
+
+// Reservation is a reservation as the API shows it.
+type Reservation struct {
+	ID        string    `json:"id"`
+	Status    string    `json:"status"`
+	Lines     []Line    `json:"lines"`
+	ExpiresAt time.Time `json:"expires_at"`
+	OrderIDs  []string  `json:"order_ids"` // the orders a confirm made; [] before
+	Instance  string    `json:"instance"`
+	Lock      string    `json:"lock"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// HoldRequest is a hold to place. TTLSeconds 0 is Config.ReservationTTL;
+// Key is the Idempotency-Key, "" for none.
+type HoldRequest struct {
+	Lines      []Line
+	TTLSeconds int64
+	Key        string
+}
+
+func (r HoldRequest) storageLines() []storage.Line {
+	lines := make([]storage.Line, len(r.Lines))
+	for i, l := range r.Lines {
+		lines[i] = storage.Line{SKU: l.SKU, Quantity: l.Quantity}
+	}
+	return lines
+}
+
+// view is a stored reservation as the API shows it, with its orders.
+func (s *Service) view(ctx context.Context, r storage.Reservation) (Reservation, error) {
+	v := Reservation{
+		ID: r.ID, Status: r.Status, ExpiresAt: r.ExpiresAt.UTC(), OrderIDs: []string{},
+		Instance: r.Instance, Lock: r.Lock, CreatedAt: r.CreatedAt.UTC(),
+	}
+	for _, l := range r.Lines {
+		v.Lines = append(v.Lines, Line{SKU: l.SKU, Quantity: l.Quantity})
+	}
+	if r.Status == storage.StatusConfirmed {
+		ids, err := s.store.ReservationOrders(ctx, r.ID)
+		if err != nil {
+			return Reservation{}, err
+		}
+		v.OrderIDs = ids
+	}
+	return v, nil
+}
+
+// GetReservation returns the reservation with id.
+func (s *Service) GetReservation(ctx context.Context, id string) (Reservation, error) {
+	r, err := s.store.Reservation(ctx, id)
+	if err != nil {
+		return Reservation{}, err
+	}
+	return s.view(ctx, r)
+}
+
+// Hold holds every line of req, or none. replayed reports a reservation
+// held earlier with the same key and the same request.
+func (s *Service) Hold(ctx context.Context, req HoldRequest) (Reservation, bool, error) {
+	r, replayed, err := retried(ctx, func() (storage.Reservation, bool, error) { return s.holdOnce(ctx, req) })
+	if err != nil {
+		return Reservation{}, false, err
+	}
+	v, err := s.view(ctx, r)
+	return v, replayed, err
+}
+
+func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reservation, bool, error) {
+	if req.Key != "" {
+		if r, replayed, err := s.replayHold(ctx, req); replayed || err != nil {
+			return r, replayed, err
+		}
+	}
+	skus := make([]string, len(req.Lines))
+	for i, l := range req.Lines {
+		skus[i] = l.SKU
+	}
+	for _, sku := range skus { // no lock state for SKUs that do not exist
+		if err := s.exists(ctx, sku); err != nil {
+			return storage.Reservation{}, false, err
+		}
+	}
+	leases, err := s.acquireAll(ctx, skus)
+	if err != nil {
+		return storage.Reservation{}, false, err
+	}
+	defer s.releaseAll(ctx, leases)
+
+	seen, err := s.readRows(ctx, skus)
+	if err != nil {
+		return storage.Reservation{}, false, err
+	}
+	// All or nothing, decided before anything is written.
+	var short []string
+	for _, l := range req.Lines {
+		if seen[l.SKU].Stock < l.Quantity {
+			short = append(short, l.SKU)
+		}
+	}
+	if len(short) > 0 {
+		return storage.Reservation{}, false, fmt.Errorf("%s: %w", strings.Join(short, ", "), storage.ErrOutOfStock)
+	}
+	if leases != nil && isClosed(leases.Lost()) {
+		return storage.Reservation{}, false, fmt.Errorf("%w before the hold", ErrLockLost)
+	}
+
+	lines := req.storageLines()
+	moves := make([]storage.Move, len(lines))
+	row := storage.Reservation{
+		ID: uuid.Must(uuid.NewV7()).String(), Instance: s.cfg.Instance, Lock: s.cfg.Lock,
+	}
+	for i := range lines {
+		lines[i].Token = token(leases, lines[i].SKU)
+		row.Token = max(row.Token, lines[i].Token)
+		moves[i] = storage.Move{Seen: seen[lines[i].SKU], Token: lines[i].Token, Stock: -lines[i].Quantity, Reserved: lines[i].Quantity}
+	}
+	row.Lines = lines
+	if req.Key != "" {
+		row.IdempotencyKey = &req.Key
+		row.Fingerprint = storage.ReservationFingerprint(lines, req.TTLSeconds)
+	}
+	ttl := s.cfg.ReservationTTL
+	if req.TTLSeconds > 0 {
+		ttl = time.Duration(req.TTLSeconds) * time.Second
+	}
+
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	held, after, err := s.store.Hold(wctx, s.cfg.Guard, row, ttl, moves)
+	if err != nil {
+		return s.holdRefused(wctx, req, row, leases, err)
+	}
+	s.cacheRows(wctx, after, leases)
+	return held, false, nil
+}
+
+// replayHold answers a key already used: its reservation if the request
+// is the same, ErrKeyReused if not; replayed false when the key is new.
+func (s *Service) replayHold(ctx context.Context, req HoldRequest) (storage.Reservation, bool, error) {
+	prev, err := s.store.ReservationByKey(ctx, req.Key)
+	switch {
+	case errors.Is(err, storage.ErrNoReservation):
+		return storage.Reservation{}, false, nil
+	case err != nil:
+		return storage.Reservation{}, false, err
+	case !bytes.Equal(prev.Fingerprint, storage.ReservationFingerprint(req.storageLines(), req.TTLSeconds)):
+		return storage.Reservation{}, false, fmt.Errorf("key names reservation %s: %w", prev.ID, ErrKeyReused)
+	}
+	return prev, true, nil
+}
+
+// holdRefused handles a failed hold transaction: nothing was written, or
+// (an error no guard explains) MySQL knows whether it was.
+func (s *Service) holdRefused(ctx context.Context, req HoldRequest, row storage.Reservation, leases *locking.Leases, err error) (storage.Reservation, bool, error) {
+	switch {
+	case errors.Is(err, storage.ErrConflict), errors.Is(err, storage.ErrOutOfStock):
+		s.metrics.guardConflicts.Inc()
+		s.refreshLines(ctx, row.Lines, leases)
+	case errors.Is(err, storage.ErrStaleFence):
+		s.metrics.guardConflicts.Inc()
+		err = fmt.Errorf("%w: %w", ErrLockLost, err)
+	case errors.Is(err, storage.ErrDuplicate):
+		// A concurrent request with the key committed first.
+		if r, replayed, rerr := s.replayHold(ctx, req); replayed || rerr != nil {
+			return r, replayed, rerr
+		}
+	case errors.Is(err, storage.ErrUnknownSKU):
+	default:
+		// The outcome is unknown (a connection lost during COMMIT): the
+		// reservation's id was chosen before the write.
+		s.refreshLines(ctx, row.Lines, leases)
+		if r, lerr := s.store.Reservation(ctx, row.ID); lerr == nil {
+			s.log.Warn("hold reported failed but committed", "reservation_id", row.ID, "err", err)
+			return r, false, nil
+		}
+	}
+	return storage.Reservation{}, false, err
+}
+
+// Confirm turns a held reservation into one order per line, in one
+// transaction. Confirming a confirmed reservation returns it again.
+func (s *Service) Confirm(ctx context.Context, id string) (Reservation, error) {
+	return s.settleView(ctx, id, storage.StatusConfirmed)
+}
+
+// Cancel gives a held reservation's stock back. Cancelling a cancelled
+// reservation returns it again.
+func (s *Service) Cancel(ctx context.Context, id string) (Reservation, error) {
+	return s.settleView(ctx, id, storage.StatusCancelled)
+}
+
+func (s *Service) settleView(ctx context.Context, id, to string) (Reservation, error) {
+	r, _, err := retried(ctx, func() (storage.Reservation, bool, error) {
+		r, err := s.settleOnce(ctx, id, to, 0)
+		return r, false, err
+	})
+	s.metrics.reservations.WithLabelValues(opOf[to], settleOutcome(to, err)).Inc()
+	if err != nil {
+		return Reservation{}, err
+	}
+	return s.view(ctx, r)
+}
+
+// opOf names the operation that moves a reservation to a status.
+var opOf = map[string]string{
+	storage.StatusConfirmed: "confirm", storage.StatusCancelled: "cancel", storage.StatusExpired: "expire",
+}
+
+// settleOnce moves reservation id from held to status to, once. A
+// reservation already there is returned as it is; one elsewhere (or past
+// its expires_at, by MySQL's clock) is the error of its status.
+// sweepToken is the sweeper's token for an expiry (0: none).
+func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint64) (storage.Reservation, error) {
+	r, err := s.store.Reservation(ctx, id)
+	if err != nil {
+		return storage.Reservation{}, err
+	}
+	if r.Status != storage.StatusHeld {
+		return settled(r, to)
+	}
+	skus := make([]string, len(r.Lines))
+	for i, l := range r.Lines {
+		skus[i] = l.SKU
+	}
+	leases, err := s.acquireAll(ctx, skus)
+	if err != nil {
+		return storage.Reservation{}, err
+	}
+	defer s.releaseAll(ctx, leases)
+	seen, err := s.readRows(ctx, skus)
+	if err != nil {
+		return storage.Reservation{}, err
+	}
+	if leases != nil && isClosed(leases.Lost()) {
+		return storage.Reservation{}, fmt.Errorf("%w before the %s", ErrLockLost, opOf[to])
+	}
+
+	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, SweepToken: sweepToken}
+	moves := make([]storage.Move, len(r.Lines))
+	for i, l := range r.Lines {
+		tok := token(leases, l.SKU)
+		moves[i] = storage.Move{Seen: seen[l.SKU], Token: tok, Stock: l.Quantity, Reserved: -l.Quantity}
+		if to == storage.StatusConfirmed {
+			moves[i].Stock = 0
+			st.Orders = append(st.Orders, s.reservationOrder(id, l, tok))
+		}
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	done, after, err := s.store.Settle(wctx, s.cfg.Guard, st, moves)
+	switch {
+	case err == nil:
+		s.cacheRows(wctx, after, leases)
+		return done, nil
+	case errors.Is(err, storage.ErrSettled):
+		return settled(done, to)
+	case errors.Is(err, storage.ErrConflict), errors.Is(err, storage.ErrOutOfStock):
+		s.metrics.guardConflicts.Inc()
+		s.refreshLines(wctx, r.Lines, leases)
+	case errors.Is(err, storage.ErrStaleFence):
+		s.metrics.guardConflicts.Inc()
+		err = fmt.Errorf("%w: %w", ErrLockLost, err)
+	default:
+		// Unknown outcome: MySQL says whether the status changed.
+		s.refreshLines(wctx, r.Lines, leases)
+		if now, lerr := s.store.Reservation(wctx, id); lerr == nil && now.Status == to {
+			s.log.Warn("settle reported failed but committed", "reservation_id", id, "to", to, "err", err)
+			return now, nil
+		}
+	}
+	return storage.Reservation{}, err
+}
+
+// settled answers a transition to status to of a reservation r that is not
+// held (or, by MySQL's clock, is past its expires_at): r itself when it is
+// already there, else the error of where it is.
+func settled(r storage.Reservation, to string) (storage.Reservation, error) {
+	switch r.Status {
+	case to:
+		return r, nil
+	case storage.StatusConfirmed:
+		return storage.Reservation{}, fmt.Errorf("reservation %s: %w", r.ID, ErrReservationConfirmed)
+	case storage.StatusCancelled:
+		return storage.Reservation{}, fmt.Errorf("reservation %s: %w", r.ID, ErrReservationCancelled)
+	case storage.StatusHeld:
+		if to == storage.StatusExpired { // not due yet by MySQL's clock
+			return storage.Reservation{}, fmt.Errorf("reservation %s not due: %w", r.ID, storage.ErrSettled)
+		}
+	}
+	return storage.Reservation{}, fmt.Errorf("reservation %s: %w", r.ID, ErrReservationExpired)
+}
+
+// reservationOrder is the order a confirm makes of one line.
+func (s *Service) reservationOrder(id string, l storage.Line, tok uint64) storage.Order {
+	return storage.Order{
+		ID: uuid.Must(uuid.NewV7()).String(), SKU: l.SKU, Quantity: l.Quantity,
+		Status: storage.StatusConfirmed, Instance: s.cfg.Instance, Lock: s.cfg.Lock, Token: tok,
+		ReservationID: &id, CreatedAt: time.Now().UTC().Truncate(time.Microsecond),
+	}
+}
+
+// retried runs a transition again after a version conflict, up to
+// maxAttempts times, with the same backoff as orders.
+func retried(ctx context.Context, once func() (storage.Reservation, bool, error)) (storage.Reservation, bool, error) {
+	for attempt := 1; ; attempt++ {
+		r, replayed, err := once()
+		if !errors.Is(err, storage.ErrConflict) || attempt == maxAttempts {
+			return r, replayed, err
+		}
+		if err := sleep(ctx, rand.N(min(retryBase<<attempt, retryCap))); err != nil {
+			return storage.Reservation{}, false, err
+		}
+	}
+}
+
+// acquireAll takes the locks of skus in sorted order, waiting at most
+// LockWait in all; nil without a locker.
+func (s *Service) acquireAll(ctx context.Context, skus []string) (*locking.Leases, error) {
+	if s.locker == nil {
+		return nil, nil
+	}
+	keys := make([]string, len(skus))
+	for i, sku := range skus {
+		keys[i] = "sku/" + sku
+	}
+	wait, cancel := context.WithTimeout(ctx, s.cfg.LockWait)
+	defer cancel()
+	start := time.Now()
+	leases, err := locking.AcquireAll(wait, s.locker, keys)
+	s.metrics.lockWait.Observe(time.Since(start).Seconds())
+	switch {
+	case err == nil:
+		return leases, nil
+	case ctx.Err() != nil:
+		return nil, err
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil, fmt.Errorf("%w after %v: %w", ErrLockTimeout, s.cfg.LockWait, err)
+	default:
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+}
+
+// releaseAll releases the leases after the commit, on a context of its own.
+func (s *Service) releaseAll(ctx context.Context, leases *locking.Leases) {
+	if leases == nil {
+		return
+	}
+	if isClosed(leases.Lost()) {
+		s.metrics.leasesLost.Inc()
+	}
+	rctx, cancel := afterCommit(ctx)
+	defer cancel()
+	if err := leases.Release(rctx); err != nil {
+		s.log.Warn("lock release failed", "keys", len(leases.Leases()), "err", err)
+	}
+}
+
+// token is the fencing token of sku's lease, 0 without one.
+func token(leases *locking.Leases, sku string) uint64 {
+	if leases == nil {
+		return 0
+	}
+	if l := leases.Lease("sku/" + sku); l != nil {
+		return l.Token()
+	}
+	return 0
+}
+
+// readRows reads the SKUs' rows from MySQL, the truth, under their locks.
+func (s *Service) readRows(ctx context.Context, skus []string) (map[string]storage.Inventory, error) {
+	rows := make(map[string]storage.Inventory, len(skus))
+	for _, sku := range slices.Sorted(slices.Values(skus)) {
+		inv, err := s.store.Inventory(ctx, sku)
+		if err != nil {
+			return nil, err
+		}
+		rows[sku] = inv
+	}
+	return rows, nil
+}
+
+// cacheRows puts the rows a transition wrote in the stock cache.
+func (s *Service) cacheRows(ctx context.Context, rows []storage.Inventory, leases *locking.Leases) {
+	for _, inv := range rows {
+		s.cacheWrite(ctx, toItem(inv), lease(leases, inv.SKU))
+	}
+}
+
+// refreshLines refreshes the cache entries of the lines' SKUs.
+func (s *Service) refreshLines(ctx context.Context, lines storage.Lines, leases *locking.Leases) {
+	for _, l := range lines {
+		s.refresh(ctx, l.SKU, lease(leases, l.SKU))
+	}
+}
+
+// lease is sku's lease, nil without one.
+func lease(leases *locking.Leases, sku string) locking.Lease {
+	if leases == nil {
+		return nil
+	}
+	return leases.Lease("sku/" + sku)
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,145 @@
+package order
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// The sweeper gives back the stock of reservations past their expires_at.
+// Expiry itself needs no sweep: MySQL's clock already refuses a confirm or
+// a cancel past expires_at (settleOnce). Every replica runs one. With a
+// distributed lock one sweeps at a time, holding the lock `sweeper`, and
+// each expiry passes the lease's token to storage.SweeperFence in its
+// transaction: a sweeper paused past its lease is refused once a newer one
+// has written. With lock none or local every replica sweeps; the
+// conditional status change keeps each give-back single.
+
+const (
+	// DefaultSweepInterval is Config.SweepInterval's default, as
+	// OVERSOLD_SWEEP_INTERVAL's.
+	DefaultSweepInterval = time.Second
+	// sweepBatch and sweepBatches bound one pass: at most sweepBatches
+	// batches of sweepBatch reservations, oldest due first.
+	sweepBatch   = 100
+	sweepBatches = 10
+	// sweeperKey is the lock one sweeper at a time holds.
+	sweeperKey = "sweeper"
+)
+
+// sweepLoop runs a pass every SweepInterval until Close.
+func (s *Service) sweepLoop() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	t := time.NewTicker(s.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("sweep failed", "err", err)
+		}
+	}
+}
+
+// Sweep runs one pass: it expires the held reservations that are due by
+// MySQL's clock, oldest first, in bounded batches, and returns how many it
+// expired. With a distributed lock it first waits (one SweepInterval at
+// most) for the lock `sweeper`; not getting it means another replica
+// sweeps, and this pass does nothing.
+func (s *Service) Sweep(ctx context.Context) (int, error) {
+	defer s.observeSweep(ctx)
+	var lease locking.Lease
+	if s.locker != nil && s.cfg.Lock != "local" {
+		wait, cancel := context.WithTimeout(ctx, s.cfg.SweepInterval)
+		var err error
+		lease, err = s.locker.Acquire(wait, sweeperKey)
+		cancel()
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				return 0, nil // another replica sweeps
+			}
+			return 0, err
+		}
+		defer func() {
+			rctx, cancel := afterCommit(ctx)
+			defer cancel()
+			if err := lease.Release(rctx); err != nil {
+				s.log.Warn("sweeper lock release failed", "err", err)
+			}
+		}()
+	}
+	var sweepToken uint64
+	if lease != nil {
+		sweepToken = lease.Token()
+	}
+	expired := 0
+	for range sweepBatches {
+		ids, err := s.store.DueReservations(ctx, sweepBatch)
+		if err != nil {
+			return expired, err
+		}
+		for _, id := range ids {
+			if lost(lease) {
+				return expired, ErrLockLost
+			}
+			r, err := s.settleOnce(ctx, id, storage.StatusExpired, sweepToken)
+			if err == nil && r.SettledBy != s.cfg.Instance {
+				err = storage.ErrSettled // another replica's sweeper came first
+			}
+			s.metrics.reservations.WithLabelValues("expire", settleOutcome(storage.StatusExpired, err)).Inc()
+			switch {
+			case err == nil:
+				expired++
+			case errors.Is(err, ErrLockLost):
+				return expired, err // a newer sweeper took over
+			default:
+				// Another replica settled it first, or it failed: the next
+				// pass finds it again if it is still due.
+				s.log.Debug("expiry skipped", "reservation_id", id, "err", err)
+			}
+		}
+		if len(ids) < sweepBatch {
+			break
+		}
+	}
+	return expired, nil
+}
+
+// observeSweep sets the gauges from MySQL: stock reserved, sweep lag.
+func (s *Service) observeSweep(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	st, err := s.store.SweepState(ctx)
+	if err != nil {
+		return
+	}
+	s.metrics.stockReserved.Set(float64(st.Reserved))
+	s.metrics.sweepLag.Set(st.Lag.Seconds())
+}
+
+// settleOutcome is the metrics outcome of a transition to status to.
+func settleOutcome(to string, err error) string {
+	if err == nil {
+		return to
+	}
+	if errors.Is(err, storage.ErrSettled) {
+		return "skipped"
+	}
+	_, _, _, outcome := classify(err)
+	return outcome
+}

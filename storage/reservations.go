@@ -1,0 +1,366 @@
+package storage
+
+import (
+	"context"
+	"database/sql/driver"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Reservation statuses (docs/design.md, "Reservations"). A reservation
+// leaves StatusHeld once, for one of the other three.
+const (
+	StatusHeld      = "held"
+	StatusCancelled = "cancelled"
+	StatusExpired   = "expired"
+	// StatusConfirmed is shared with orders.
+)
+
+var (
+	// ErrNoReservation: no reservation with that id or key.
+	ErrNoReservation = errors.New("storage: reservation not found")
+	// ErrSettled: the reservation is no longer held, or (DB clock) past
+	// its expires_at; Settle returns it wrapped with the row as it is.
+	ErrSettled = errors.New("storage: reservation not held")
+)
+
+// Line is one SKU of a reservation, with the fencing token of the lease
+// it was held under (0: none).
+type Line struct {
+	SKU      string `json:"sku"`
+	Quantity int64  `json:"quantity"`
+	Token    uint64 `json:"token,omitempty"`
+}
+
+// Lines is a reservation's lines, kept as one JSON column: a reservation
+// is read and settled whole, never line by line.
+type Lines []Line
+
+// Value stores the lines as JSON.
+func (l Lines) Value() (driver.Value, error) {
+	b, err := json.Marshal([]Line(l))
+	return string(b), err
+}
+
+// Scan reads the lines back.
+func (l *Lines) Scan(v any) error {
+	var b []byte
+	switch v := v.(type) {
+	case []byte:
+		b = v
+	case string:
+		b = []byte(v)
+	default:
+		return fmt.Errorf("lines: cannot scan %T", v)
+	}
+	return json.Unmarshal(b, (*[]Line)(l))
+}
+
+// Reservation is stock held for a checkout. ExpiresAt is set by MySQL's
+// clock (UTC_TIMESTAMP(6) + the TTL), the one clock every replica shares;
+// SettledAt and SettledBy say when and by which replica it left held. The
+// key, id and SKUs are exact byte strings (docs/design.md, "Identity").
+type Reservation struct {
+	ID             string     `gorm:"type:varbinary(36);primaryKey"` // UUIDv7
+	Status         string     `gorm:"type:varchar(16);not null;index:due,priority:1"`
+	Lines          Lines      `gorm:"type:text;not null"`
+	ExpiresAt      time.Time  `gorm:"type:datetime(6);not null;index:due,priority:2"`
+	Instance       string     `gorm:"type:varchar(255);not null"` // the replica that held it
+	Lock           string     `gorm:"type:varchar(16);not null"`
+	Token          uint64     `gorm:"not null"` // the highest token of its leases
+	IdempotencyKey *string    `gorm:"type:varbinary(255);uniqueIndex"`
+	Fingerprint    []byte     `gorm:"type:varbinary(32)"`
+	CreatedAt      time.Time  `gorm:"type:datetime(6);not null"`
+	SettledAt      *time.Time `gorm:"type:datetime(6)"`
+	SettledBy      string     `gorm:"type:varchar(255);not null;default:''"`
+}
+
+// TableName fixes the table's name: the lab reads it.
+func (Reservation) TableName() string { return "reservations" }
+
+// Fence is a named fencing counter for writers that are not a SKU's: the
+// sweeper's (SweeperFence). A write under token t passes only if no write
+// under a greater token came before.
+type Fence struct {
+	Name   string `gorm:"type:varbinary(64);primaryKey"`
+	Fence  uint64 `gorm:"not null"`
+	Writes uint64 `gorm:"not null"` // bumped by every write, so a pass always changes the row
+}
+
+// TableName fixes the table's name.
+func (Fence) TableName() string { return "fences" }
+
+// SweeperFence is the Fence of the lock `sweeper`.
+const SweeperFence = "sweeper"
+
+// ReservationFingerprint is a hold request's Fingerprint: its lines sorted
+// by SKU (their order is the client's, not a difference) and its TTL in
+// seconds (0: the default).
+func ReservationFingerprint(lines []Line, ttlSeconds int64) []byte {
+	sorted := slices.Clone(lines)
+	slices.SortFunc(sorted, func(a, b Line) int { return strings.Compare(a.SKU, b.SKU) })
+	fields := []string{strconv.FormatInt(ttlSeconds, 10)}
+	for _, l := range sorted {
+		fields = append(fields, l.SKU, strconv.FormatInt(l.Quantity, 10))
+	}
+	return Fingerprint("reservation", fields...)
+}
+
+// Move is one line's guarded write of a reservation transition: the SKU's
+// row as the caller read it under its lease (Seen), the lease's token, and
+// the change of stock and reserved. The guard applies as in PlaceOrder:
+// none writes Seen + change; version also requires Seen.Version; fencing
+// requires a fence below Token and raises it; atomic adds the change in
+// place, refused when either would go negative.
+type Move struct {
+	Seen     Inventory
+	Token    uint64
+	Stock    int64 // change of stock: -q to hold, +q to give back
+	Reserved int64 // change of reserved: +q to hold, -q to settle
+}
+
+// Hold inserts r (status held, expires ttl after MySQL's now) and writes
+// every move under guard, in one transaction: all or nothing. It returns
+// the reservation as stored and the SKUs' rows after the writes.
+//
+// A refused guard returns ErrConflict (version), ErrStaleFence (fencing)
+// or ErrOutOfStock (atomic); a missing SKU ErrUnknownSKU; a key already
+// used ErrDuplicate. In every error case nothing was written.
+func (s *Store) Hold(ctx context.Context, guard Guard, r Reservation, ttl time.Duration, moves []Move) (Reservation, []Inventory, error) {
+	var after []Inventory
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		err := tx.Exec("INSERT INTO reservations (id, status, `lines`, expires_at, instance, `lock`, token, idempotency_key, fingerprint, created_at, settled_by) "+
+			"VALUES (?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), '')",
+			r.ID, StatusHeld, r.Lines, ttl.Microseconds(), r.Instance, r.Lock, r.Token, r.IdempotencyKey, r.Fingerprint).Error
+		if mysqlErrno(err) == errDupEntry {
+			return fmt.Errorf("%w: %w", ErrDuplicate, err)
+		}
+		if err != nil {
+			return err
+		}
+		if after, err = applyMoves(ctx, tx, guard, moves); err != nil {
+			return err
+		}
+		return tx.Take(&r, "id = ?", r.ID).Error
+	})
+	if err != nil {
+		return Reservation{}, nil, fmt.Errorf("hold: %w", deadlock(err))
+	}
+	return r, after, nil
+}
+
+// Settlement is a reservation leaving held: to confirmed (Orders are
+// inserted, one per line), cancelled or expired (the stock goes back).
+// SweepToken, for an expiry by a sweeper holding the lock `sweeper` with a
+// token, is checked against SweeperFence in the same transaction.
+type Settlement struct {
+	ID         string
+	To         string // StatusConfirmed, StatusCancelled or StatusExpired
+	By         string // the replica
+	Orders     []Order
+	SweepToken uint64
+}
+
+// Settle moves reservation st.ID out of held and writes every move under
+// guard, in one transaction. The status change comes first and is
+// conditional on held and on MySQL's clock: confirm and cancel only before
+// expires_at, expire only from it on. When it changes no row, nothing is
+// written and the error wraps ErrSettled, with the reservation as it is
+// (ErrNoReservation if there is none). Guard refusals are as in Hold; a
+// sweeper fenced off by a newer one is ErrStaleFence.
+func (s *Store) Settle(ctx context.Context, guard Guard, st Settlement, moves []Move) (Reservation, []Inventory, error) {
+	var r Reservation
+	var after []Inventory
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		clock := "expires_at > UTC_TIMESTAMP(6)"
+		if st.To == StatusExpired {
+			clock = "expires_at <= UTC_TIMESTAMP(6)"
+		}
+		res := tx.Exec("UPDATE reservations SET status = ?, settled_at = UTC_TIMESTAMP(6), settled_by = ? WHERE id = ? AND status = ? AND "+clock,
+			st.To, st.By, st.ID, StatusHeld)
+		if res.Error != nil {
+			return res.Error
+		}
+		if res.RowsAffected == 0 {
+			return ErrSettled
+		}
+		if st.SweepToken != 0 {
+			res := tx.Exec("UPDATE fences SET fence = ?, writes = writes + 1 WHERE name = ? AND fence <= ?",
+				st.SweepToken, SweeperFence, st.SweepToken)
+			if res.Error != nil {
+				return res.Error
+			}
+			if res.RowsAffected == 0 {
+				return fmt.Errorf("sweeper token %d: %w", st.SweepToken, ErrStaleFence)
+			}
+		}
+		var err error
+		if after, err = applyMoves(ctx, tx, guard, moves); err != nil {
+			return err
+		}
+		if len(st.Orders) > 0 {
+			if err := tx.Create(&st.Orders).Error; err != nil {
+				return err
+			}
+		}
+		return tx.Take(&r, "id = ?", st.ID).Error
+	})
+	if errors.Is(err, ErrSettled) {
+		now, rerr := s.Reservation(ctx, st.ID)
+		if rerr != nil {
+			return Reservation{}, nil, rerr
+		}
+		return now, nil, fmt.Errorf("settle %s to %s: %w", st.ID, st.To, ErrSettled)
+	}
+	if err != nil {
+		return Reservation{}, nil, fmt.Errorf("settle %s to %s: %w", st.ID, st.To, deadlock(err))
+	}
+	return r, after, nil
+}
+
+// applyMoves runs every move's guarded write and returns the rows after
+// them, read inside the transaction (the rows are locked until commit).
+func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, moves []Move) ([]Inventory, error) {
+	after := make([]Inventory, 0, len(moves))
+	for _, m := range moves {
+		sku := m.Seen.SKU
+		newStock, newReserved := m.Seen.Stock+m.Stock, m.Seen.Reserved+m.Reserved
+		var query string
+		var args []any
+		switch guard {
+		case GuardNone:
+			query = `UPDATE inventory SET stock = ?, reserved = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
+				WHERE sku = ?`
+			args = []any{newStock, newReserved, sku}
+		case GuardVersion:
+			query = `UPDATE inventory SET stock = ?, reserved = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
+				WHERE sku = ? AND version = ?`
+			args = []any{newStock, newReserved, sku, m.Seen.Version}
+		case GuardFencing:
+			query = `UPDATE inventory SET stock = ?, reserved = ?, fence = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
+				WHERE sku = ? AND fence < ?`
+			args = []any{newStock, newReserved, m.Token, sku, m.Token}
+		case GuardAtomic:
+			query = `UPDATE inventory SET stock = stock + ?, reserved = reserved + ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
+				WHERE sku = ? AND stock + ? >= 0 AND reserved + ? >= 0`
+			args = []any{m.Stock, m.Reserved, sku, m.Stock, m.Reserved}
+		default:
+			return nil, fmt.Errorf("unknown guard %q", guard)
+		}
+		res, err := tx.Statement.ConnPool.ExecContext(ctx, query, args...)
+		if err != nil {
+			return nil, err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return nil, err
+		} else if n == 0 {
+			return nil, refusedMove(tx, guard, sku)
+		}
+		var inv Inventory
+		if err := tx.Take(&inv, "sku = ?", sku).Error; err != nil {
+			return nil, err
+		}
+		after = append(after, inv)
+	}
+	return after, nil
+}
+
+// refusedMove tells a refusing guard from a missing SKU.
+func refusedMove(tx *gorm.DB, guard Guard, sku string) error {
+	var n int64
+	if err := tx.Model(&Inventory{}).Where("sku = ?", sku).Count(&n).Error; err != nil {
+		return err
+	}
+	switch {
+	case n == 0:
+		return fmt.Errorf("%q: %w", sku, ErrUnknownSKU)
+	case guard == GuardVersion:
+		return fmt.Errorf("%q: %w", sku, ErrConflict)
+	case guard == GuardFencing:
+		return fmt.Errorf("%q: %w", sku, ErrStaleFence)
+	case guard == GuardAtomic:
+		return fmt.Errorf("%q: %w", sku, ErrOutOfStock)
+	}
+	return fmt.Errorf("guard %q changed no row of %q", guard, sku)
+}
+
+// deadlock turns MySQL's deadlock victim into ErrConflict: nothing was
+// written, the whole transition may run again.
+func deadlock(err error) error {
+	if mysqlErrno(err) == errLockDeadlock {
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	}
+	return err
+}
+
+// Reservation returns the reservation with id.
+func (s *Store) Reservation(ctx context.Context, id string) (Reservation, error) {
+	return s.takeReservation(ctx, "id = ?", id)
+}
+
+// ReservationByKey returns the reservation held with an idempotency key.
+func (s *Store) ReservationByKey(ctx context.Context, key string) (Reservation, error) {
+	return s.takeReservation(ctx, "idempotency_key = ?", key)
+}
+
+func (s *Store) takeReservation(ctx context.Context, where, arg string) (Reservation, error) {
+	var r Reservation
+	err := s.db.WithContext(ctx).Take(&r, where, arg).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Reservation{}, ErrNoReservation
+	}
+	return r, err
+}
+
+// ReservationOrders returns the ids of the orders a confirmed reservation
+// made, in line order (their ids are UUIDv7, made in that order).
+func (s *Store) ReservationOrders(ctx context.Context, id string) ([]string, error) {
+	ids := []string{}
+	err := s.db.WithContext(ctx).Model(&Order{}).Where("reservation_id = ?", id).Order("id").Pluck("id", &ids).Error
+	return ids, err
+}
+
+// DueReservations returns the ids of at most limit held reservations past
+// their expires_at by MySQL's clock, the oldest due first.
+func (s *Store) DueReservations(ctx context.Context, limit int) ([]string, error) {
+	ids := []string{}
+	err := s.db.WithContext(ctx).Model(&Reservation{}).
+		Where("status = ? AND expires_at <= UTC_TIMESTAMP(6)", StatusHeld).
+		Order("expires_at, id").Limit(limit).Pluck("id", &ids).Error
+	return ids, err
+}
+
+// SweepState is what the sweeper's metrics show: the stock reservations
+// hold now, and how long the oldest due hold has been due (0: none).
+type SweepState struct {
+	Reserved int64
+	Lag      time.Duration
+}
+
+// SweepState reads the stock held and the sweep lag, by MySQL's clock.
+func (s *Store) SweepState(ctx context.Context) (SweepState, error) {
+	var st SweepState
+	db := s.db.WithContext(ctx)
+	if err := db.Raw("SELECT COALESCE(SUM(reserved), 0) FROM inventory").Row().Scan(&st.Reserved); err != nil {
+		return st, err
+	}
+	var lagMicros *int64
+	err := db.Raw("SELECT TIMESTAMPDIFF(MICROSECOND, MIN(expires_at), UTC_TIMESTAMP(6)) FROM reservations WHERE status = ? AND expires_at <= UTC_TIMESTAMP(6)", StatusHeld).
+		Row().Scan(&lagMicros)
+	if lagMicros != nil {
+		st.Lag = time.Duration(*lagMicros) * time.Microsecond
+	}
+	return st, err
+}
+
+// ensureFences creates the named fences at 0.
+func ensureFences(db *gorm.DB) error {
+	return db.Exec("INSERT IGNORE INTO fences (name, fence, writes) VALUES (?, 0, 0)", SweeperFence).Error
+}
