@@ -129,7 +129,7 @@ var (
 // ones it may ignore. Any other keyword in the document is a problem: the
 // check must not pass a rule it never looked at.
 var (
-	schemaKeywords = []string{"$ref", "type", "properties", "required", "additionalProperties", "enum", "pattern", "minimum", "maximum", "minLength", "maxLength", "format"}
+	schemaKeywords = []string{"$ref", "type", "properties", "required", "additionalProperties", "enum", "pattern", "minimum", "maximum", "minLength", "maxLength", "format", "items", "minItems", "maxItems"}
 	annotations    = []string{"description", "example", "title"}
 	schemaTypes    = []string{"object", "string", "integer", "number", "boolean", "array"}
 	formats        = []string{"uuid", "date-time"}
@@ -352,6 +352,9 @@ func (d *apiDoc) checkSchema(s jsonSchema, at string) []string {
 					add("required %v is not a property", name)
 				}
 			}
+		case key == "items":
+			sub, _ := v.(map[string]any)
+			problems = append(problems, d.checkSchema(sub, at+"[]")...)
 		case key == "additionalProperties":
 			if _, ok := v.(bool); !ok {
 				add("additionalProperties: only true or false are checked")
@@ -463,6 +466,19 @@ func (d *apiDoc) validate(s jsonSchema, v any, at string) []string {
 		}
 		if hi, ok := s["maximum"].(float64); ok && f > hi {
 			bad("%s is above %v", v, hi)
+		}
+	case []any:
+		n := float64(len(v))
+		if lo, ok := s["minItems"].(float64); ok && n < lo {
+			bad("%d items, fewer than %v", len(v), lo)
+		}
+		if hi, ok := s["maxItems"].(float64); ok && n > hi {
+			bad("%d items, more than %v", len(v), hi)
+		}
+		if items, ok := s["items"].(map[string]any); ok {
+			for i, e := range v {
+				problems = append(problems, d.validate(items, e, fmt.Sprintf("%s[%d]", at, i))...)
+			}
 		}
 	case map[string]any:
 		props, _ := s["properties"].(map[string]any)
@@ -910,6 +926,20 @@ func (downStore) PutInventory(context.Context, storage.Put) (storage.Inventory, 
 	return storage.Inventory{}, errDown
 }
 
+func (downStore) Reservation(context.Context, string) (storage.Reservation, error) {
+	return storage.Reservation{}, errDown
+}
+
+// conflictStore is a version guard that refuses every reservation write.
+type conflictStore struct{ order.Store }
+
+func (conflictStore) Hold(context.Context, storage.Guard, storage.Reservation, time.Duration, []storage.Move) (storage.Reservation, []storage.Inventory, error) {
+	return storage.Reservation{}, nil, storage.ErrConflict
+}
+func (conflictStore) Settle(context.Context, storage.Guard, storage.Settlement, []storage.Move) (storage.Reservation, []storage.Inventory, error) {
+	return storage.Reservation{}, nil, storage.ErrConflict
+}
+
 // TestOpenAPIStatuses sends a table of requests to the real handler on real
 // MariaDB and Redis (with fault doubles where a status needs a failure) and
 // holds every answer to the document, and the document to the answers:
@@ -949,6 +979,35 @@ func TestOpenAPIStatuses(t *testing.T) {
 	f.stock("down", 5)
 	lockDown := f.service(downLocker{}, order.Config{Lock: "redis"}).Handler()
 	mysqlDown := f.serviceWith(downStore{f.openStore()}, nil, nil, admin).Handler()
+	conflicting := f.serviceWith(conflictStore{f.openStore()}, nil, local.New(), order.Config{Lock: "local"}).Handler()
+
+	// Reservations in each state the table needs, held by the healthy
+	// replica: {res-NAME} in a path is the id of the one named NAME.
+	healthy := f.service(local.New(), admin)
+	res := map[string]string{}
+	for _, r := range []struct {
+		name, sku string
+		ttl       int64
+		then      func(context.Context, string) (order.Reservation, error)
+	}{
+		{"expired", "widget", 1, nil},
+		{"confirmed", "widget", 0, healthy.Confirm},
+		{"cancelled", "widget", 0, healthy.Cancel},
+		{"lost", "lost", 0, nil},
+		{"held", "held", 0, nil},
+		{"open", "widget", 0, nil},
+		{"open2", "widget", 0, nil},
+	} {
+		got, _, err := healthy.Hold(ctx, order.HoldRequest{Lines: []order.Line{{SKU: r.sku, Quantity: 1}}, TTLSeconds: r.ttl})
+		if err == nil && r.then != nil {
+			_, err = r.then(ctx, got.ID)
+		}
+		if err != nil {
+			t.Fatalf("reservation %s: %v", r.name, err)
+		}
+		res[r.name] = got.ID
+	}
+	time.Sleep(1100 * time.Millisecond) // past the expired one's expires_at
 
 	type row struct {
 		name         string
@@ -962,6 +1021,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 	}
 	auth := []string{"Authorization", "Bearer " + adminToken}
 	order1 := `{"sku":"widget","quantity":1}`
+	hold1 := `{"lines":[{"sku":"widget","quantity":1}]}`
 	rows := []row{
 		{name: "valid order", h: h, method: "POST", path: "/v1/orders", body: order1, header: []string{"Idempotency-Key", "k-1"}, status: 201},
 		{name: "replay", h: h, method: "POST", path: "/v1/orders", body: order1, header: []string{"Idempotency-Key", "k-1"}, status: 200},
@@ -1008,6 +1068,38 @@ func TestOpenAPIStatuses(t *testing.T) {
 		{name: "PUT, lock timeout", h: timeout, method: "PUT", path: "/v1/inventory/held", body: `{"stock":50}`, header: auth, status: 503, code: "lock_timeout"},
 		{name: "PUT, MySQL down", h: mysqlDown, method: "PUT", path: "/v1/inventory/widget", body: `{"stock":5}`, header: auth, status: 503, code: "unavailable"},
 
+		{name: "hold", h: h, method: "POST", path: "/v1/reservations", body: hold1, header: []string{"Idempotency-Key", "r-1"}, status: 201},
+		{name: "hold replay", h: h, method: "POST", path: "/v1/reservations", body: hold1, header: []string{"Idempotency-Key", "r-1"}, status: 200},
+		{name: "hold reused key", h: h, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"widget","quantity":2}]}`, header: []string{"Idempotency-Key", "r-1"}, status: 422, code: "idempotency_key_reused"},
+		{name: "hold out of stock", h: h, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"widget","quantity":1000}]}`, status: 409, code: "out_of_stock"},
+		{name: "hold unknown sku", h: h, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"widget","quantity":1},{"sku":"nope","quantity":1}]}`, status: 404, code: "unknown_sku"},
+		{name: "hold no lines", h: h, method: "POST", path: "/v1/reservations", body: `{"lines":[]}`, status: 400, code: "invalid_request", refused: true},
+		{name: "hold ttl 0", h: h, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"widget","quantity":1}],"ttl_seconds":0}`, status: 400, code: "invalid_request", refused: true},
+		{name: "hold line field", h: h, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"widget","quantity":1,"price":1}]}`, status: 400, code: "invalid_request", refused: true},
+		{name: "hold, lock lost", h: lost, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"lost","quantity":1}]}`, status: 409, code: "lock_lost"},
+		{name: "hold, conflict", h: conflicting, method: "POST", path: "/v1/reservations", body: hold1, status: 409, code: "conflict"},
+		{name: "hold, lock timeout", h: timeout, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"held","quantity":1}]}`, status: 503, code: "lock_timeout"},
+		{name: "hold, lock backend down", h: lockDown, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"down","quantity":1}]}`, status: 503, code: "unavailable"},
+		{name: "GET reservation", h: h, method: "GET", path: "/v1/reservations/{res-open}", status: 200},
+		{name: "GET unknown reservation", h: h, method: "GET", path: "/v1/reservations/0190a5c8-0000-7000-8000-000000000000", status: 404, code: "not_found"},
+		{name: "GET reservation, MySQL down", h: mysqlDown, method: "GET", path: "/v1/reservations/{res-open}", status: 503, code: "unavailable"},
+		{name: "confirm", h: h, method: "POST", path: "/v1/reservations/{res-open}/confirm", status: 200},
+		{name: "confirm unknown", h: h, method: "POST", path: "/v1/reservations/0190a5c8-0000-7000-8000-000000000000/confirm", status: 404, code: "not_found"},
+		{name: "confirm expired", h: h, method: "POST", path: "/v1/reservations/{res-expired}/confirm", status: 409, code: "reservation_expired"},
+		{name: "confirm cancelled", h: h, method: "POST", path: "/v1/reservations/{res-cancelled}/confirm", status: 409, code: "reservation_cancelled"},
+		{name: "confirm, conflict", h: conflicting, method: "POST", path: "/v1/reservations/{res-open2}/confirm", status: 409, code: "conflict"},
+		{name: "confirm, lock lost", h: lost, method: "POST", path: "/v1/reservations/{res-lost}/confirm", status: 409, code: "lock_lost"},
+		{name: "confirm, lock timeout", h: timeout, method: "POST", path: "/v1/reservations/{res-held}/confirm", status: 503, code: "lock_timeout"},
+		{name: "confirm, lock backend down", h: lockDown, method: "POST", path: "/v1/reservations/{res-open2}/confirm", status: 503, code: "unavailable"},
+		{name: "cancel", h: h, method: "POST", path: "/v1/reservations/{res-open2}/cancel", status: 200},
+		{name: "cancel unknown", h: h, method: "POST", path: "/v1/reservations/x/cancel", status: 404, code: "not_found", refused: true},
+		{name: "cancel confirmed", h: h, method: "POST", path: "/v1/reservations/{res-confirmed}/cancel", status: 409, code: "reservation_confirmed"},
+		{name: "cancel expired", h: h, method: "POST", path: "/v1/reservations/{res-expired}/cancel", status: 409, code: "reservation_expired"},
+		{name: "cancel, conflict", h: conflicting, method: "POST", path: "/v1/reservations/{res-lost}/cancel", status: 409, code: "conflict"},
+		{name: "cancel, lock lost", h: lost, method: "POST", path: "/v1/reservations/{res-lost}/cancel", status: 409, code: "lock_lost"},
+		{name: "cancel, lock timeout", h: timeout, method: "POST", path: "/v1/reservations/{res-held}/cancel", status: 503, code: "lock_timeout"},
+		{name: "cancel, MySQL down", h: mysqlDown, method: "POST", path: "/v1/reservations/{res-held}/cancel", status: 503, code: "unavailable"},
+
 		{name: "healthz", h: h, method: "GET", path: "/healthz", status: 200},
 		{name: "readyz", h: h, method: "GET", path: "/readyz", status: 200},
 		{name: "readyz, lock backend down", h: lockDown, method: "GET", path: "/readyz", status: 503, code: "unavailable"},
@@ -1025,6 +1117,9 @@ func TestOpenAPIStatuses(t *testing.T) {
 	)
 	for _, r := range rows {
 		path := strings.ReplaceAll(r.path, "{placed}", placed)
+		for name, id := range res {
+			path = strings.ReplaceAll(path, "{res-"+name+"}", id)
+		}
 		req := httptest.NewRequest(r.method, path, strings.NewReader(r.body))
 		if r.body != "" {
 			req.Header.Set("Content-Type", echo.MIMEApplicationJSON)
@@ -1034,7 +1129,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 		}
 		rec := httptest.NewRecorder()
 		r.h.ServeHTTP(rec, req)
-		if rec.Code == http.StatusCreated {
+		if rec.Code == http.StatusCreated && r.path == "/v1/orders" {
 			placed = decodeOrder(t, rec).ID
 		}
 		if code := errorCodeOf(rec.Body.Bytes()); rec.Code != r.status || code != r.code {
