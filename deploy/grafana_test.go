@@ -22,6 +22,9 @@ var orderdMetrics = map[string][]string{
 	"oversold_lock_renewals_failed_total": {"lock", "replica"},
 	"oversold_lock_leases_lost_total":     {"lock", "replica"},
 	"oversold_guard_conflicts_total":      {"guard", "replica"},
+	"oversold_reservations_total":         {"op", "outcome", "replica"},
+	"oversold_stock_reserved":             {"replica"},
+	"oversold_sweep_lag_seconds":          {"replica"},
 }
 
 var (

@@ -110,6 +110,7 @@ func writeMarkdown(w io.Writer, rep Report) {
 		fmt.Fprintf(w, "\nNot run, because they do not apply: %s.\n", strings.Join(na, "; "))
 	}
 	writeFaultsMarkdown(w, rep.Results)
+	writeReservationsMarkdown(w, rep.Results)
 	for _, r := range rep.Results {
 		if r.Error == "" && len(r.Notes) == 0 {
 			continue
@@ -184,6 +185,7 @@ func writeHTML(w io.Writer, rep Report) error {
 		"Summary":       Summary(rep.Results),
 		"Timelines":     timelines(rep.Results),
 		"NotApplicable": NotApplicableLines(rep.NotApplicable),
+		"Reservations":  reservationsHTML(rep.Results),
 	})
 }
 

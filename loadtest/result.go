@@ -84,6 +84,21 @@ type Result struct {
 	// first, say): its invariants say nothing about the fault.
 	NotFired bool `json:"fault_not_fired,omitempty"`
 
+	// The reservations workload (issue 13; loadtest/reservations.go).
+
+	Workload string `json:"workload,omitempty"` // "reservations"; absent for direct orders
+	// ReservedLeft is the stock still reserved once every hold has ended.
+	ReservedLeft *int `json:"reserved_left,omitempty"`
+	// DoubleSettled counts reservations settled twice (confirmed and given
+	// back, or more orders than lines).
+	DoubleSettled *int `json:"double_settled,omitempty"`
+	// StuckHolds counts holds held past expiry + sweep interval + grace.
+	StuckHolds *int `json:"stuck_holds,omitempty"`
+	// Checkouts counts the clients' outcomes ("hold 201", "confirm 200",
+	// "abandoned", ...); ReservationTimeline the transitions over time.
+	Checkouts           map[string]int     `json:"checkouts,omitempty"`
+	ReservationTimeline []ReservationSlice `json:"reservation_timeline,omitempty"`
+
 	// Memory (issue 7).
 
 	// PeakRSSMB is the largest peak resident set size (VmHWM) of the run's

@@ -46,6 +46,9 @@ type Spec struct {
 	LockTTL   time.Duration
 	Seed      int64  // seeds Run.Rand, which faults draw their timing from
 	Topology  string // "cluster" when Runner.Servers are clusters; "" for single servers
+	// Workload is "" for direct orders, WorkloadReservations for checkouts
+	// (Requests of them) on SKUs hot SKUs.
+	Workload string
 }
 
 // Name is the run's label, as in Result.Name.
@@ -95,6 +98,8 @@ type Run struct {
 	// (the load may have sold the others out). Its invariants are checked
 	// too; only their violations are added to the result's counts.
 	FaultSKU string
+
+	checkouts *CheckoutResult // the reservations workload's answers
 
 	mu         sync.Mutex
 	events     []FaultEvent
@@ -239,7 +244,7 @@ func (s Spec) result() Result {
 		Backend: s.Backend, Guard: s.Guard, Replicas: s.Replicas, Fault: s.Fault,
 		Requests: s.Requests, Status: map[string]int{}, SKUs: s.SKUs,
 		Rate: s.Rate, Workers: s.Workers, Seed: s.Seed, Topology: s.Topology,
-		WorkDelay: s.WorkDelay.String(), LockTTL: s.LockTTL.String(),
+		WorkDelay: s.WorkDelay.String(), LockTTL: s.LockTTL.String(), Workload: s.Workload,
 	}
 }
 
@@ -248,7 +253,8 @@ func (r *Result) settle(err error) {
 	if err != nil {
 		r.Error = err.Error()
 	}
-	r.Safe = r.Error == "" && !r.NotApplicable && r.Oversold == 0 && r.LostUpdates == 0 && r.LostAcks == 0 && r.Duplicates == 0 && len(r.Violations) == 0
+	r.Safe = r.Error == "" && !r.NotApplicable && r.Oversold == 0 && r.LostUpdates == 0 && r.LostAcks == 0 && r.Duplicates == 0 && len(r.Violations) == 0 &&
+		zero(r.ReservedLeft) && zero(r.DoubleSettled) && zero(r.StuckHolds)
 }
 
 func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, progress func(int)) error {
@@ -270,6 +276,9 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		res.NotApplicable = true
 		res.Notes = append(res.Notes, fmt.Sprintf("guard fencing does not apply to backend %s: it has no fencing token", spec.Backend))
 		return nil
+	}
+	if spec.Workload == WorkloadReservations && spec.Fault != "" {
+		return fmt.Errorf("the reservations workload runs no fault yet")
 	}
 	run := &Run{
 		Spec:       spec,
@@ -324,7 +333,11 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	run.Target, run.SKUs, run.KeyPrefix = base, skus, keyPrefix
 
 	loadStart := time.Now()
-	atk, err := rn.load(ctx, run, fault, AttackSpec{
+	load := rn.load
+	if spec.Workload == WorkloadReservations {
+		load = rn.checkoutLoad
+	}
+	atk, err := load(ctx, run, fault, AttackSpec{
 		Target:    base,
 		SKUs:      skus,
 		Requests:  spec.Requests,
@@ -397,6 +410,11 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		if unrecovered > 0 {
 			res.Notes = append(res.Notes, fmt.Sprintf("%d disruptions with no order decided after them before the load ended", unrecovered))
 		}
+	}
+	if spec.Workload == WorkloadReservations {
+		err := rn.checkCheckouts(ctx, run, res)
+		res.Phases.Check = since(t0)
+		return err
 	}
 	inv, err := Check(ctx, rn.DB, Expect{SKUs: skus, InitialStock: spec.Stock, Acked: atk.OrderIDs})
 	if err != nil {
@@ -525,6 +543,9 @@ func (rn *Runner) replicaEnv(spec Spec, srv Servers) map[string]string {
 	set("OVERSOLD_REDLOCK_ADDRS", strings.Join(srv.RedlockAddrs, ","))
 	set("OVERSOLD_ZK_SERVERS", strings.Join(srv.ZKServers, ","))
 	set("OVERSOLD_ETCD_ENDPOINTS", strings.Join(srv.EtcdEndpoints, ","))
+	if spec.Workload == WorkloadReservations {
+		env["OVERSOLD_SWEEP_INTERVAL"] = checkoutSweep.String()
+	}
 	for k, v := range rn.Env {
 		env[k] = v
 	}

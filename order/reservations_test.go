@@ -287,9 +287,9 @@ func lines21() string {
 // wait times out (the sorted lock order), and once the last hold has
 // ended every reservation was settled exactly once: stock + reserved +
 // sold is the stock set, reserved is 0, and orders exist only for
-// confirmed reservations, one per line.
+// confirmed reservations, one per line. Not parallel: its load would slow
+// the other tests' lock waits.
 func TestReservationStorm(t *testing.T) {
-	t.Parallel()
 	f := newFixture(t)
 	backs := map[string]backends.Config{
 		"redis": {RedisAddr: f.redis},

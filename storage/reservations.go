@@ -227,7 +227,11 @@ func (s *Store) Settle(ctx context.Context, guard Guard, st Settlement, moves []
 
 // applyMoves runs every move's guarded write and returns the rows after
 // them, read inside the transaction (the rows are locked until commit).
+// The rows are written in SKU order, as the locks are taken: two
+// transactions never wait for each other's rows in a cycle.
 func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, moves []Move) ([]Inventory, error) {
+	moves = slices.Clone(moves)
+	slices.SortFunc(moves, func(a, b Move) int { return strings.Compare(a.Seen.SKU, b.Seen.SKU) })
 	after := make([]Inventory, 0, len(moves))
 	for _, m := range moves {
 		sku := m.Seen.SKU

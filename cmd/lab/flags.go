@@ -41,6 +41,7 @@ type config struct {
 	repeat           int      // runs of each configuration, seeds seed, seed+1, ...
 	sweep            sweepConfig
 	merge            []string // report folders to join into one report; nothing runs
+	workload         string   // "orders" or "reservations" (docs/design.md, "The lab")
 }
 
 // usageError is a bad command line: exit status 2, one line naming the flag.
@@ -83,6 +84,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	c.replicas, c.skus = 3, 1
 	fs.Var(intList{&c.replicas, &c.sweep.replicas}, "replicas", "orderd replicas behind the balancer; with --sweep a comma-separated list, 1,2,3,4 unless given")
 	fs.IntVar(&c.stock, "stock", 100, "initial stock per SKU")
+	fs.StringVar(&c.workload, "workload", "orders", "orders (direct orders) or reservations (checkouts: hold 1 to 3 SKUs of the hot set,\n"+
+		"then confirm, cancel or abandon; --requests is the checkouts, --skus defaults to 4)")
 	fs.IntVar(&c.requests, "requests", 600, "orders sent per run (more than the stock, so it runs out)")
 	fs.IntVar(&c.rate, "rate", 1000, "orders per second offered; above what a lock sustains here, so req/s measures capacity")
 	fs.IntVar(&c.workers, "workers", 64, "orders in flight at most")
@@ -174,6 +177,18 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.out == "" {
 		return c, badFlag("out", "must name a folder")
+	}
+	switch c.workload {
+	case "orders":
+	case loadtest.WorkloadReservations:
+		if c.faults != nil {
+			return c, badFlag("fault", "the reservations workload runs no fault yet")
+		}
+		if !given["skus"] {
+			c.skus = 4
+		}
+	default:
+		return c, badFlag("workload", "want orders or reservations, got %q", c.workload)
 	}
 	if c.topology != topologySingle && c.topology != topologyCluster {
 		return c, badFlag("topology", "want single or cluster, got %q", c.topology)
@@ -301,9 +316,18 @@ func (c config) specs() []loadtest.Spec {
 					Backend: p.backend, Guard: p.guard, Replicas: c.replicas, Fault: f,
 					Stock: c.stock, SKUs: c.skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
 					WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: c.seed + int64(i), Topology: c.specTopology(),
+					Workload: c.specWorkload(),
 				})
 			}
 		}
 	}
 	return specs
+}
+
+// specWorkload is Spec.Workload: "" for direct orders.
+func (c config) specWorkload() string {
+	if c.workload == loadtest.WorkloadReservations {
+		return c.workload
+	}
+	return ""
 }

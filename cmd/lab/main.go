@@ -176,6 +176,10 @@ func lab(ctx context.Context, cfg config, args []string, stdout, stderr io.Write
 	} else {
 		fmt.Fprintln(stderr)
 		loadtest.WriteTable(stderr, results)
+		if slices.ContainsFunc(results, func(r loadtest.Result) bool { return r.Workload != "" }) {
+			fmt.Fprintln(stderr)
+			loadtest.WriteReservationTable(stderr, results)
+		}
 	}
 	if slices.ContainsFunc(results, func(r loadtest.Result) bool { return r.Fault != "" }) {
 		fmt.Fprintln(stderr)
