@@ -161,6 +161,9 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	if leases != nil && isClosed(leases.Lost()) {
 		return storage.Reservation{}, false, fmt.Errorf("%w before the hold", ErrLockLost)
 	}
+	if err := s.invalidate(ctx, skus); err != nil {
+		return storage.Reservation{}, false, err
+	}
 
 	lines := req.storageLines()
 	moves := make([]storage.Move, len(lines))
@@ -211,8 +214,10 @@ func (s *Service) replayHold(ctx context.Context, req HoldRequest) (storage.Rese
 // (an error no guard explains) MySQL knows whether it was.
 func (s *Service) holdRefused(ctx context.Context, req HoldRequest, row storage.Reservation, leases *locking.Leases, err error) (storage.Reservation, bool, error) {
 	switch {
-	case errors.Is(err, storage.ErrConflict), errors.Is(err, storage.ErrOutOfStock):
+	case errors.Is(err, storage.ErrConflict):
 		s.metrics.guardConflicts.Inc()
+		s.refreshLines(ctx, row.Lines, leases)
+	case errors.Is(err, storage.ErrOutOfStock): // atomic guard: the read was behind
 		s.refreshLines(ctx, row.Lines, leases)
 	case errors.Is(err, storage.ErrStaleFence):
 		s.metrics.guardConflicts.Inc()
@@ -292,6 +297,9 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 	if leases != nil && isClosed(leases.Lost()) {
 		return storage.Reservation{}, fmt.Errorf("%w before the %s", ErrLockLost, opOf[to])
 	}
+	if err := s.invalidate(ctx, skus); err != nil {
+		return storage.Reservation{}, err
+	}
 
 	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, SweepToken: sweepToken}
 	moves := make([]storage.Move, len(r.Lines))
@@ -312,8 +320,10 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 		return done, nil
 	case errors.Is(err, storage.ErrSettled):
 		return settled(done, to)
-	case errors.Is(err, storage.ErrConflict), errors.Is(err, storage.ErrOutOfStock):
+	case errors.Is(err, storage.ErrConflict):
 		s.metrics.guardConflicts.Inc()
+		s.refreshLines(wctx, r.Lines, leases)
+	case errors.Is(err, storage.ErrOutOfStock):
 		s.refreshLines(wctx, r.Lines, leases)
 	case errors.Is(err, storage.ErrStaleFence):
 		s.metrics.guardConflicts.Inc()
@@ -435,6 +445,21 @@ func (s *Service) readRows(ctx context.Context, skus []string) (map[string]stora
 		rows[sku] = inv
 	}
 	return rows, nil
+}
+
+// invalidate deletes the SKUs' cache entries before a write under a guard
+// that trusts the cache (as sell does): a replica killed between the
+// commit and cacheRows leaves misses, not stock that orders would build on.
+func (s *Service) invalidate(ctx context.Context, skus []string) error {
+	if !s.trustsCache() {
+		return nil
+	}
+	for _, sku := range skus {
+		if err := s.cache.Invalidate(ctx, sku); err != nil {
+			return fmt.Errorf("%w: guard %s needs the stock cache: %w", ErrUnavailable, s.cfg.Guard, err)
+		}
+	}
+	return nil
 }
 
 // cacheRows puts the rows a transition wrote in the stock cache.
