@@ -32,8 +32,10 @@ const (
 	checkoutTTL   = 2 * time.Second
 	checkoutSweep = 500 * time.Millisecond
 	// settleGrace is how long past expiry + sweep interval a hold may stay
-	// held before it counts as stuck.
-	settleGrace = 3 * time.Second
+	// held before it counts as stuck: orderd's default lock wait (an
+	// expiry waits for its SKUs' locks behind the holds queued there) and
+	// two seconds more.
+	settleGrace = 7 * time.Second
 )
 
 // CheckoutSpec is one reservations load.

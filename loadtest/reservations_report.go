@@ -61,7 +61,7 @@ func WriteReservationTable(w io.Writer, results []Result) {
 }
 
 // reservationDefinitions says what the reservations columns mean.
-const reservationDefinitions = `Reservations runs: each checkout holds 1 to 3 SKUs of the hot set (lines in random order, 1 or 2 of each, TTL 2 s), then confirms (40%), cancels (30%) or abandons the hold (30%), which the sweepers expire. The invariants are read from MySQL once the last hold has ended (its TTL, a sweep interval and a 3 s grace after it).
+const reservationDefinitions = `Reservations runs: each checkout holds 1 to 3 SKUs of the hot set (lines in random order, 1 or 2 of each, TTL 2 s), then confirms (40%), cancels (30%) or abandons the hold (30%), which the sweepers expire. The invariants are read from MySQL once the last hold has ended (its TTL, a sweep interval and a 7 s grace after it).
 *oversold* = Σ max(0, sold + reserved - stock set); *lost upd* = Σ |stock set - stock - reserved - sold|; *reserved left* = stock still reserved at the end; *double settled* = reservations with orders that are not confirmed, or more orders than lines; *stuck holds* = holds still held, or expired later than expiry + sweep interval + grace; *lost acks* = holds answered 201, or confirms answered 200, that MySQL does not hold.`
 
 func writeReservationsMarkdown(w io.Writer, results []Result) {

@@ -3,6 +3,7 @@ package order
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/oversold-lab/oversold/locking"
@@ -26,6 +27,8 @@ const (
 	// batches of sweepBatch reservations, oldest due first.
 	sweepBatch   = 100
 	sweepBatches = 10
+	// sweepParallel is how many expiries of a pass run at once.
+	sweepParallel = 4
 	// sweeperKey is the lock one sweeper at a time holds.
 	sweeperKey = "sweeper"
 )
@@ -92,31 +95,61 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 		if err != nil {
 			return expired, err
 		}
-		for _, id := range ids {
-			if lost(lease) {
-				return expired, ErrLockLost
-			}
+		n, err := s.expireAll(ctx, ids, lease, sweepToken)
+		expired += n
+		if err != nil || len(ids) < sweepBatch {
+			return expired, err
+		}
+	}
+	return expired, nil
+}
+
+// expireAll expires ids, sweepParallel at a time: each expiry waits for
+// the locks of its SKUs behind the holds that queue there, so one at a time
+// would let the lag grow under load. It stops at the first sign that a
+// newer sweeper took over (the lease lost, or the fence refusing).
+func (s *Service) expireAll(ctx context.Context, ids []string, lease locking.Lease, sweepToken uint64) (int, error) {
+	var (
+		mu      sync.Mutex
+		expired int
+		stop    error
+		wg      sync.WaitGroup
+	)
+	slots := make(chan struct{}, sweepParallel)
+	for _, id := range ids {
+		mu.Lock()
+		halted := stop != nil
+		mu.Unlock()
+		if halted || lost(lease) {
+			break
+		}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
 			r, err := s.settleOnce(ctx, id, storage.StatusExpired, sweepToken)
 			if err == nil && r.SettledBy != s.cfg.Instance {
 				err = storage.ErrSettled // another replica's sweeper came first
 			}
 			s.metrics.reservations.WithLabelValues("expire", settleOutcome(storage.StatusExpired, err)).Inc()
+			mu.Lock()
+			defer mu.Unlock()
 			switch {
 			case err == nil:
 				expired++
 			case errors.Is(err, ErrLockLost):
-				return expired, err // a newer sweeper took over
+				stop = err // a newer sweeper took over
 			default:
 				// Another replica settled it first, or it failed: the next
 				// pass finds it again if it is still due.
 				s.log.Debug("expiry skipped", "reservation_id", id, "err", err)
 			}
-		}
-		if len(ids) < sweepBatch {
-			break
-		}
+		})
 	}
-	return expired, nil
+	wg.Wait()
+	if stop == nil && lost(lease) {
+		stop = ErrLockLost
+	}
+	return expired, stop
 }
 
 // observeSweep sets the gauges from MySQL: stock reserved, sweep lag.
