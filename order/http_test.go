@@ -59,19 +59,19 @@ func TestAPI(t *testing.T) {
 		t.Errorf("GET order = %d %s, want 200 %s", got.Code, got.Body, rec.Body)
 	}
 
-	// GET inventory: 200 {"sku","stock","version"} from MySQL.
+	// GET inventory: 200 {"sku","stock","reserved","version"} from MySQL.
 	inv := call(h, http.MethodGet, "/v1/inventory/apple", "")
-	if inv.Code != http.StatusOK || strings.TrimSpace(inv.Body.String()) != `{"sku":"apple","stock":3,"version":2}` {
+	if inv.Code != http.StatusOK || strings.TrimSpace(inv.Body.String()) != `{"sku":"apple","stock":3,"reserved":0,"version":2}` {
 		t.Errorf("GET inventory = %d %s", inv.Code, inv.Body)
 	}
 
 	// PUT inventory: 200, the version grows, the cache follows.
 	put := call(h, http.MethodPut, "/v1/inventory/apple", `{"stock": 1}`, "Authorization", "Bearer "+adminToken)
-	if put.Code != http.StatusOK || strings.TrimSpace(put.Body.String()) != `{"sku":"apple","stock":1,"version":3}` {
+	if put.Code != http.StatusOK || strings.TrimSpace(put.Body.String()) != `{"sku":"apple","stock":1,"reserved":0,"version":3}` {
 		t.Errorf("PUT inventory = %d %s", put.Code, put.Body)
 	}
 	created := call(h, http.MethodPut, "/v1/inventory/pear", `{"stock":0}`, "Authorization", "Bearer "+adminToken)
-	if created.Code != http.StatusOK || strings.TrimSpace(created.Body.String()) != `{"sku":"pear","stock":0,"version":1}` {
+	if created.Code != http.StatusOK || strings.TrimSpace(created.Body.String()) != `{"sku":"pear","stock":0,"reserved":0,"version":1}` {
 		t.Errorf("PUT new inventory = %d %s", created.Code, created.Body)
 	}
 

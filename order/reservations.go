@@ -301,7 +301,7 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 		return storage.Reservation{}, err
 	}
 
-	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, SweepToken: sweepToken}
+	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, Lock: s.cfg.Lock, SweepToken: sweepToken}
 	moves := make([]storage.Move, len(r.Lines))
 	for i, l := range r.Lines {
 		tok := token(leases, l.SKU)

@@ -290,18 +290,20 @@ func lines21() string {
 // confirmed reservations, one per line. Not parallel: its load would slow
 // the other tests' lock waits.
 func TestReservationStorm(t *testing.T) {
-	f := newFixture(t)
-	backs := map[string]backends.Config{
-		"redis": {RedisAddr: f.redis},
-		"mysql": {MySQLDSN: f.dsn},
-	}
+	names := []string{"redis", "mysql"}
 	if !testing.Short() {
-		backs["etcd"] = backends.Config{EtcdEndpoints: testbed.Etcd(t)}
-		backs["zookeeper"] = backends.Config{ZKServers: testbed.ZooKeeper(t)}
+		names = append(names, "etcd", "zookeeper")
 	}
-	for name, bc := range backs {
+	for _, name := range names {
 		for _, guard := range []storage.Guard{storage.GuardVersion, storage.GuardFencing} {
 			t.Run(name+"/"+string(guard), func(t *testing.T) {
+				f := newFixture(t) // a database of its own: its own sweeper fence
+				bc := map[string]func() backends.Config{
+					"redis":     func() backends.Config { return backends.Config{RedisAddr: f.redis} },
+					"mysql":     func() backends.Config { return backends.Config{MySQLDSN: f.dsn} },
+					"etcd":      func() backends.Config { return backends.Config{EtcdEndpoints: testbed.Etcd(t)} },
+					"zookeeper": func() backends.Config { return backends.Config{ZKServers: testbed.ZooKeeper(t)} },
+				}[name]()
 				storm(t, f, name, bc, guard)
 			})
 		}

@@ -87,7 +87,9 @@ func (Reservation) TableName() string { return "reservations" }
 
 // Fence is a named fencing counter for writers that are not a SKU's: the
 // sweeper's (SweeperFence). A write under token t passes only if no write
-// under a greater token came before.
+// under a greater token came before. Each lock backend counts its tokens
+// its own way, so each has a row of its own: a switch of backend must not
+// leave the new sweeper fenced off by the old one's larger numbers.
 type Fence struct {
 	Name   string `gorm:"type:varbinary(64);primaryKey"`
 	Fence  uint64 `gorm:"not null"`
@@ -97,8 +99,9 @@ type Fence struct {
 // TableName fixes the table's name.
 func (Fence) TableName() string { return "fences" }
 
-// SweeperFence is the Fence of the lock `sweeper`.
-const SweeperFence = "sweeper"
+// SweeperFence is the name of the Fence of the lock `sweeper` on backend
+// lock.
+func SweeperFence(lock string) string { return "sweeper/" + lock }
 
 // ReservationFingerprint is a hold request's Fingerprint: its lines sorted
 // by SKU (their order is the client's, not a difference) and its TTL in
@@ -159,11 +162,12 @@ func (s *Store) Hold(ctx context.Context, guard Guard, r Reservation, ttl time.D
 // Settlement is a reservation leaving held: to confirmed (Orders are
 // inserted, one per line), cancelled or expired (the stock goes back).
 // SweepToken, for an expiry by a sweeper holding the lock `sweeper` with a
-// token, is checked against SweeperFence in the same transaction.
+// token, is checked against SweeperFence(Lock) in the same transaction.
 type Settlement struct {
 	ID         string
 	To         string // StatusConfirmed, StatusCancelled or StatusExpired
 	By         string // the replica
+	Lock       string // its lock backend
 	Orders     []Order
 	SweepToken uint64
 }
@@ -192,8 +196,13 @@ func (s *Store) Settle(ctx context.Context, guard Guard, st Settlement, moves []
 			return ErrSettled
 		}
 		if st.SweepToken != 0 {
-			res := tx.Exec("UPDATE fences SET fence = ?, writes = writes + 1 WHERE name = ? AND fence <= ?",
-				st.SweepToken, SweeperFence, st.SweepToken)
+			// Inserted at the first write; afterwards changed (writes
+			// grows) only under a token at least the fence: 0 rows
+			// affected is a refusal.
+			res := tx.Exec(`INSERT INTO fences (name, fence, writes) VALUES (?, ?, 1)
+				ON DUPLICATE KEY UPDATE writes = IF(fence <= VALUES(fence), writes + 1, writes),
+					fence = IF(fence <= VALUES(fence), VALUES(fence), fence)`,
+				SweeperFence(st.Lock), st.SweepToken)
 			if res.Error != nil {
 				return res.Error
 			}
@@ -362,9 +371,4 @@ func (s *Store) SweepState(ctx context.Context) (SweepState, error) {
 		st.Lag = time.Duration(*lagMicros) * time.Microsecond
 	}
 	return st, err
-}
-
-// ensureFences creates the named fences at 0.
-func ensureFences(db *gorm.DB) error {
-	return db.Exec("INSERT IGNORE INTO fences (name, fence, writes) VALUES (?, 0, 0)", SweeperFence).Error
 }

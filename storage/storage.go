@@ -164,9 +164,6 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err := db.AutoMigrate(&Inventory{}, &Order{}, &Replica{}, &Meta{}, &Reservation{}, &Fence{}); err != nil {
 		return err
 	}
-	if err := ensureFences(db); err != nil {
-		return err
-	}
 	// Tables made before identities were exact strings: AutoMigrate does
 	// not change a column's collation, so the columns are changed here.
 	if err := binaryColumns(ctx, db); err != nil {
