@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -155,20 +156,24 @@ func TestRestockWaitsForTheHolder(t *testing.T) {
 			defer locker.Close()
 			seller := f.serviceWith(held, nil, locker, order.Config{Instance: "seller", Lock: "redis", Guard: guard}).Handler()
 
-			sale := make(chan int)
-			go func() { sale <- post(seller, sku, 1).Code }()
-			<-held.writing
-			put := make(chan int)
+			sale := make(chan *httptest.ResponseRecorder, 1)
+			go func() { sale <- post(seller, sku, 1) }()
+			select {
+			case <-held.writing:
+			case rec := <-sale:
+				t.Fatalf("the sale never reached its write: %d %s", rec.Code, rec.Body)
+			}
+			put := make(chan *httptest.ResponseRecorder, 1)
 			go func() {
-				put <- call(admin, http.MethodPut, "/v1/inventory/"+sku, `{"stock":100}`, "Authorization", "Bearer "+adminToken).Code
+				put <- call(admin, http.MethodPut, "/v1/inventory/"+sku, `{"stock":100}`, "Authorization", "Bearer "+adminToken)
 			}()
 			time.Sleep(200 * time.Millisecond) // the PUT reaches the lock and waits
 			close(held.proceed)
-			if code := <-sale; code != http.StatusCreated {
-				t.Errorf("sale: %d", code)
+			if rec := <-sale; rec.Code != http.StatusCreated {
+				t.Errorf("sale: %d %s", rec.Code, rec.Body)
 			}
-			if code := <-put; code != http.StatusOK {
-				t.Errorf("PUT: %d", code)
+			if rec := <-put; rec.Code != http.StatusOK {
+				t.Errorf("PUT: %d %s", rec.Code, rec.Body)
 			}
 			if a := f.audit(sku); a.Stock != 100 || a.Orders != 1 {
 				t.Errorf("audit %+v: want the PUT's 100 after the sale, not the sale's write over the PUT", a)
