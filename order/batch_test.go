@@ -144,3 +144,46 @@ func TestBatchKeys(t *testing.T) {
 		t.Errorf("audit %+v, want 3 orders (bk-1, bk-2, bk-3), stock 97", a)
 	}
 }
+
+// conflictOnce refuses the first write as the version guard would after a
+// concurrent restock: it sets the SKU's stock to restock first.
+type conflictOnce struct {
+	order.Store
+	once    sync.Once
+	restock func()
+}
+
+func (s *conflictOnce) PlaceOrder(ctx context.Context, w storage.Write, beforeCommit func() error) (storage.Inventory, error) {
+	refused := false
+	s.once.Do(func() { s.restock(); refused = true })
+	if refused {
+		return storage.Inventory{}, storage.ErrConflict
+	}
+	return s.Store.PlaceOrder(ctx, w, beforeCommit)
+}
+
+// TestShortOrdersShareTheBatchFate: a batch whose write is refused does
+// not answer out_of_stock to the orders it left out for want of stock: the
+// stock they lacked was never taken. They are retried with the rest, and
+// sold when the retry finds stock (a restock came in between).
+func TestShortOrdersShareTheBatchFate(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("sf-batch", 1)
+	store := &conflictOnce{Store: f.openStore(), restock: func() { f.stock("sf-batch", 5) }}
+	locker, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close()
+	h := f.serviceWith(store, nil, locker, order.Config{Lock: "redis", Guard: storage.GuardVersion, LockWait: time.Minute}).Handler()
+	recs := f.queued(h, "sf-batch", []string{"sf-1", "sf-2", "sf-3"}, func(int) int { return 1 })
+	for i, r := range recs {
+		if r.Code != http.StatusCreated {
+			t.Errorf("order %d: %d %s, want 201: the restock left enough for all three", i, r.Code, r.Body)
+		}
+	}
+	if a := f.audit("sf-batch"); a.Orders != 3 || a.Stock != 2 {
+		t.Errorf("audit %+v, want 3 orders and stock 2", a)
+	}
+}

@@ -319,6 +319,18 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request)
 	s.recordWrite(first.SKU, orders[0].Token, len(orders), err)
 	if err != nil {
 		retry := s.refused(wctx, reqs, filled, orders, lease, err, out)
+		// The short orders were refused on a stock the failed write did
+		// not take: they share the batch's fate, not an out_of_stock that
+		// no commit explains (a history check would call it
+		// non-linearizable).
+		switch {
+		case errors.Is(err, storage.ErrDuplicate):
+			retry = merge(retry, short)
+		case out[filled[0]].order.ID == "": // nothing was committed
+			for _, i := range short {
+				out[i].err = out[filled[0]].err
+			}
+		}
 		if len(retry) > 0 { // the orders a concurrent duplicate key did not concern
 			sub := make([]Request, len(retry))
 			for j, i := range retry {
@@ -341,6 +353,19 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request)
 		out[i].order = fromStorage(orders[j])
 	}
 	return out
+}
+
+// merge merges two ascending index lists.
+func merge(a, b []int) []int {
+	out := make([]int, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if a[0] < b[0] {
+			out, a = append(out, a[0]), a[1:]
+		} else {
+			out, b = append(out, b[0]), b[1:]
+		}
+	}
+	return append(append(out, a...), b...)
 }
 
 // demand is the quantity the orders at idx ask for.
