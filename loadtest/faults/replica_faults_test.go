@@ -46,10 +46,13 @@ func TestPauseHolder(t *testing.T) {
 }
 
 // TestPauseAfterCommit: a holder paused between its commit and its cache
-// update, past its lease. The guards that trust the cached read (none,
-// fencing) deleted the entry before writing, so the next holder reads the
-// committed stock from MySQL and nothing is lost; guard version leaves the
-// entry, refuses the stale read and refreshes. Every invariant holds.
+// update, past its lease. Guard fencing's holder deleted the entry before
+// writing, so the next holder reads the committed stock from MySQL and
+// nothing is lost (before that change: a lost update every time); guard
+// version leaves the entry, refuses the stale read and refreshes. Guard
+// none is run and reported only: SIGSTOP freezes the whole replica, which
+// may also be inside a batch of the run's hot SKU between its read and its
+// write, and guard none then loses that update (pause-holder's lesson).
 func TestPauseAfterCommit(t *testing.T) {
 	for _, guard := range []string{"none", "fencing", "version"} {
 		t.Run("redis/"+guard, func(t *testing.T) {
@@ -58,8 +61,11 @@ func TestPauseAfterCommit(t *testing.T) {
 			if r.Overlaps == 0 {
 				t.Errorf("no two holders overlapped: %v", r.FaultEvents)
 			}
-			assertSafe(t, r)
-			if guard == "version" {
+			switch guard {
+			case "fencing":
+				assertSafe(t, r)
+			case "version":
+				assertSafe(t, r)
 				assertRefused(t, r)
 			}
 		})
