@@ -55,9 +55,8 @@ images: deps
 	DOCKER_HOST=$$(deploy/images/engine.sh) deploy/images/build.sh
 
 # The same servers as containers (internal/testbed, OVERSOLD_TESTBED=containers):
-# the testbed's own tests, every lock's conformance suite, the lab end to end,
-# and a fault that kills a server (redis-failover; why not redis-restart and
-# redlock-node-restart: deploy/images/README.md). Official images when
+# the testbed's own tests, every lock's conformance suite and the lab end to
+# end (the faults that signal a server: deploy/images/README.md). Official images when
 # they can be pulled, else the stand-ins. Skipped, saying so, where no engine
 # runs and none can be started (not root); OVERSOLD_REQUIRE_CONTAINERS=1 fails then.
 CONTAINER_TESTS := ./internal/testbed/ ./locking/zklock/ ./locking/etcdlock/ \
@@ -69,8 +68,7 @@ test-containers: deps
 	echo "test-containers:" $$env; \
 	set -x; \
 	env $$env OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -race -count=1 -timeout 15m $(CONTAINER_TESTS) && \
-	env $$env OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -count=1 -timeout 10m -run '^TestLabEndToEnd$$' ./cmd/lab/ && \
-	env $$env OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -count=1 -timeout 10m -run '^TestRedisFailover$$' ./loadtest/faults/
+	env $$env OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -count=1 -timeout 10m -run '^TestLabEndToEnd$$' ./cmd/lab/
 
 # docker-compose.yml for real: up on a Docker engine (a private dockerd when
 # none runs), every healthcheck waited for, the lab service run through the
