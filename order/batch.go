@@ -62,9 +62,7 @@ func (s *Service) drain(sku string) {
 	for s.waiting(sku) {
 		// 2. the lock, for whatever queues until it is granted. The wait
 		// is the replica's, not one client's: bounded by LockWait.
-		wait, cancel := context.WithTimeout(context.Background(), s.cfg.LockWait)
-		lease, err := s.acquire(wait, sku)
-		cancel()
+		lease, err := s.acquire(context.Background(), sku) // bounded by LockWait
 		if err != nil {
 			for _, p := range s.take(sku, -1) {
 				p.done <- outcome{err: err}

@@ -33,6 +33,14 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersi
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
+	// As a sale does: with a guard that trusts the cached read, the entry
+	// goes before the write, so a reset whose Force below fails cannot
+	// leave the next holder the old stock to write over it.
+	if s.trustsCache() {
+		if err := s.cache.Invalidate(wctx, sku); err != nil {
+			return storage.Inventory{}, fmt.Errorf("%w: guard %s needs the stock cache: %w", ErrUnavailable, s.cfg.Guard, err)
+		}
+	}
 	inv, err := s.store.PutInventory(wctx, put)
 	if err != nil {
 		switch {

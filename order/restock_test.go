@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oversold-lab/oversold/inventory"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
@@ -179,5 +180,39 @@ func TestRestockWaitsForTheHolder(t *testing.T) {
 				t.Errorf("audit %+v: want the PUT's 100 after the sale, not the sale's write over the PUT", a)
 			}
 		})
+	}
+}
+
+// failingForce is a cache whose overwrite fails (a Redis blip during PUT).
+type failingForce struct{ order.Cache }
+
+func (failingForce) Force(context.Context, inventory.Item) error { return inventory.ErrDown }
+
+// TestRestockCacheFailure: a reset committed in MySQL whose cache overwrite
+// failed leaves no old entry for a guard that trusts the cached read: the
+// next sale builds on the reset's stock, not on the entry from before it.
+func TestRestockCacheFailure(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("rcf", 100)
+	h := f.redisReplicas(1, order.Config{Guard: storage.GuardNone, AdminToken: adminToken})[0]
+	if rec := post(h, "rcf", 1); rec.Code != http.StatusCreated { // the cache holds 99
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	locker, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close()
+	admin := f.serviceWith(f.openStore(), func(c order.Cache) order.Cache { return failingForce{c} }, locker,
+		order.Config{Instance: "admin", Lock: "redis", Guard: storage.GuardNone, AdminToken: adminToken}).Handler()
+	if rec := call(admin, http.MethodPut, "/v1/inventory/rcf", `{"stock":10}`, "Authorization", "Bearer "+adminToken); rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("PUT with the cache overwrite failing: %d %s, want 503", rec.Code, rec.Body)
+	}
+	if rec := post(h, "rcf", 1); rec.Code != http.StatusCreated {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	if a := f.audit("rcf"); a.Stock != 9 {
+		t.Errorf("stock %d after the reset to 10 and one sale, want 9 (98 means the sale wrote over the reset)", a.Stock)
 	}
 }

@@ -487,7 +487,10 @@ func (s *Service) refused(ctx context.Context, reqs []Request, filled []int, ord
 		// before the write, and the transaction committed all or none.
 		// Either way the cache entry must not outlive the doubt, or the
 		// next holder trusts a stale stock; the lock is still ours, so the
-		// refresh reads what the next holder will see.
+		// refresh reads what the next holder will see. A fresh context:
+		// the write's own may be what ran out.
+		ctx, cancel := afterCommit(ctx)
+		defer cancel()
 		s.refresh(ctx, sku, lease)
 		if _, lerr := s.store.Order(ctx, orders[0].ID); lerr == nil {
 			s.log.Warn("write reported failed but committed", "sku", sku, "orders", len(orders), "err", err)
