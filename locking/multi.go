@@ -71,8 +71,19 @@ func (m *Leases) Lease(key string) Lease {
 	return nil
 }
 
-// Lost is closed once any of the leases can no longer be trusted.
-func (m *Leases) Lost() <-chan struct{} { return m.lost }
+// Lost is closed once any of the leases can no longer be trusted. It looks
+// at every lease itself too, so a check made right after a lease was lost
+// does not depend on the watchers having run.
+func (m *Leases) Lost() <-chan struct{} {
+	for _, l := range m.leases {
+		select {
+		case <-l.Lost():
+			m.once.Do(func() { close(m.lost) })
+		default:
+		}
+	}
+	return m.lost
+}
 
 // Release releases every lease, the last acquired first, even when some
 // fail, and returns their errors joined (ErrNotHeld for a lost one). A

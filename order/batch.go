@@ -74,6 +74,7 @@ func (s *Service) drain(sku string) {
 			time.Sleep(s.cfg.BatchWait)
 		}
 		batch := s.take(sku, s.cfg.BatchMax)
+		var outs []outcome
 		if len(batch) > 0 {
 			s.metrics.batchSize.Observe(float64(len(batch)))
 			reqs := make([]Request, len(batch))
@@ -81,13 +82,15 @@ func (s *Service) drain(sku string) {
 				reqs[i] = p.req
 			}
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), writeTimeout)
-			for i, r := range s.sell(ctx, lease, reqs) {
-				batch[i].done <- r
-			}
+			outs = s.sell(ctx, lease, reqs)
 			cancel()
 		}
-		// 8. release, after the commit and the answers.
+		// 8. release, after the commit and before the answers: a client
+		// that has its answer finds the lock free, as without batching.
 		s.release(context.Background(), lease, held)
+		for i, r := range outs {
+			batch[i].done <- r
+		}
 	}
 }
 
