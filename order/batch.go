@@ -81,8 +81,11 @@ func (s *Service) drain(sku string) {
 			for i, p := range batch {
 				reqs[i] = p.req
 			}
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), writeTimeout)
-			outs = s.sell(ctx, lease, reqs)
+			// Each order's work delay is paid inside the batch: the bound
+			// grows with it, or a large batch would time out as a whole.
+			bound := writeTimeout + time.Duration(len(batch))*s.cfg.WorkDelay
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), bound)
+			outs = s.sell(ctx, lease, reqs, false)
 			cancel()
 		}
 		// 8. release, after the commit and before the answers: a client

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oversold-lab/oversold/inventory"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
@@ -185,5 +186,41 @@ func TestShortOrdersShareTheBatchFate(t *testing.T) {
 	}
 	if a := f.audit("sf-batch"); a.Orders != 3 || a.Stock != 2 {
 		t.Errorf("audit %+v, want 3 orders and stock 2", a)
+	}
+}
+
+// TestAtomicBatchOnStaleCache: under the atomic guard a batch's one
+// conditional write asks for its sum. When the cache is behind MySQL the
+// sum is refused, yet some orders fit: they are sold, in arrival order, on
+// MySQL's stock, and only the rest are 409.
+func TestAtomicBatchOnStaleCache(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("ab-hot", 10)
+	inv, err := f.store.Inventory(t.Context(), "ab-hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cache().Force(t.Context(), inventory.Item{SKU: inv.SKU, Stock: inv.Stock, Version: inv.Version}); err != nil {
+		t.Fatal(err)
+	}
+	f.stock("ab-hot", 3) // sold elsewhere: the cache still says 10
+	h := f.redisReplicas(1, order.Config{Guard: storage.GuardAtomic})[0]
+	keys := make([]string, 5)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("ab-%d", i)
+	}
+	recs := f.queued(h, "ab-hot", keys, func(int) int { return 1 })
+	for i, r := range recs {
+		want := http.StatusConflict
+		if i < 3 {
+			want = http.StatusCreated
+		}
+		if r.Code != want {
+			t.Errorf("order %d: %d %s, want %d", i, r.Code, r.Body, want)
+		}
+	}
+	if a := f.audit("ab-hot"); a.Stock != 0 || a.Orders != 3 {
+		t.Errorf("audit %+v, want 3 orders, stock 0", a)
 	}
 }

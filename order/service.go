@@ -218,7 +218,7 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 		}
 	}
 	if s.locker == nil {
-		r := s.sell(ctx, nil, []Request{req})[0]
+		r := s.sell(ctx, nil, []Request{req}, false)[0]
 		return r.order, r.replayed, r.err
 	}
 	// No lock, and no lock state on any server, for a SKU that does not
@@ -241,7 +241,8 @@ type outcome struct {
 // while the stock lasts, one transaction with every filled order and one
 // guarded stock write. It returns each order's outcome, in order. ctx
 // bounds the reads; the write runs on a context the clients cannot cancel.
-func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request) []outcome {
+// fresh reads the stock from MySQL, not the cache.
+func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request, fresh bool) []outcome {
 	out := make([]outcome, len(reqs))
 	fail := func(idx []int, err error) {
 		for _, i := range idx {
@@ -255,7 +256,11 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request)
 	sku, first := reqs[0].SKU, reqs[0]
 
 	// 3. stock from the cache
-	item, err := s.stock(ctx, sku, lease)
+	read := s.stock
+	if fresh {
+		read = s.confirm
+	}
+	item, err := read(ctx, sku, lease)
 	if err != nil {
 		fail(all, err)
 		return out
@@ -263,7 +268,7 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request)
 
 	// 4. enough? A cache entry that says no is confirmed by MySQL: stock
 	// added there outside PUT must be sold.
-	if demand(reqs, all) > item.Stock {
+	if !fresh && demand(reqs, all) > item.Stock {
 		if item, err = s.confirm(ctx, sku, lease); err != nil {
 			fail(all, err)
 			return out
@@ -326,17 +331,22 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request)
 		switch {
 		case errors.Is(err, storage.ErrDuplicate):
 			retry = merge(retry, short)
+		case errors.Is(err, storage.ErrOutOfStock) && lease != nil && !fresh:
+			// The atomic guard refused the batch's sum on a cached stock
+			// behind MySQL: some orders may still fit. Sell them all again,
+			// once, on MySQL's stock (the lease is still ours).
+			retry, fresh = all, true
 		case out[filled[0]].order.ID == "": // nothing was committed
 			for _, i := range short {
 				out[i].err = out[filled[0]].err
 			}
 		}
-		if len(retry) > 0 { // the orders a concurrent duplicate key did not concern
+		if len(retry) > 0 { // a duplicate key's bystanders, or a stale read's batch
 			sub := make([]Request, len(retry))
 			for j, i := range retry {
 				sub[j] = reqs[i]
 			}
-			for j, r := range s.sell(ctx, lease, sub) {
+			for j, r := range s.sell(ctx, lease, sub, fresh) {
 				out[retry[j]] = r
 			}
 		}

@@ -54,8 +54,9 @@ const (
 // under a hot SKU transactions queue on the row lock, so the pool is sized
 // for the replica's concurrency rather than for CPU count.
 const (
-	maxOpenConns    = 64
-	maxIdleConns    = 64
+	// DefaultMaxConns is the pool's size until SetMaxConns changes it
+	// (OVERSOLD_MYSQL_MAX_CONNS's default).
+	DefaultMaxConns = 64
 	connMaxLifetime = 5 * time.Minute
 )
 
@@ -117,8 +118,8 @@ func connect(ctx context.Context, cfg *mysql.Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	sqlDB.SetMaxOpenConns(maxOpenConns)
-	sqlDB.SetMaxIdleConns(maxIdleConns)
+	sqlDB.SetMaxOpenConns(DefaultMaxConns)
+	sqlDB.SetMaxIdleConns(DefaultMaxConns)
 	sqlDB.SetConnMaxLifetime(connMaxLifetime)
 	if err := sqlDB.PingContext(ctx); err != nil {
 		sqlDB.Close()

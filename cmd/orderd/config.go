@@ -158,7 +158,7 @@ var settings = []setting{
 		c.RequestTimeout, err = duration(v, false)
 		return err
 	}},
-	{"OVERSOLD_MYSQL_MAX_CONNS", "64", "MySQL connections per replica at most (see README: sizing)", func(c *config, v string) (err error) {
+	{"OVERSOLD_MYSQL_MAX_CONNS", strconv.Itoa(storage.DefaultMaxConns), "MySQL connections per replica at most (see README: sizing)", func(c *config, v string) (err error) {
 		c.MySQLMaxConns, err = count(v, 100_000)
 		return err
 	}},

@@ -38,8 +38,6 @@ const (
 	// startTimeout bounds connecting to every server and migrating (which
 	// may wait up to 30s for another replica's migration).
 	startTimeout = 45 * time.Second
-	// shutdownTimeout bounds the wait for in-flight orders at shutdown.
-	shutdownTimeout = 15 * time.Second
 	// answerGrace is how long an order may outlive its request timeout:
 	// its commit and the steps after it run on bounded contexts of their
 	// own (order/service.go: writeTimeout, afterCommitTimeout).
@@ -197,6 +195,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
+	// An order admitted just before the signal may take its whole request
+	// time and the grace after it: cutting it sooner could drop an answer
+	// whose commit landed.
+	shutdownTimeout := cfg.RequestTimeout + answerGrace
 	log.Info("shutting down: finishing in-flight orders", "timeout", shutdownTimeout.String())
 	sctx, cancelShutdown := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancelShutdown()
