@@ -375,7 +375,11 @@ func TestLockAndGuardErrors(t *testing.T) {
 	t.Run("lock_lost from a stale fence", func(t *testing.T) {
 		f.stock("fenced", 5)
 		// A holder with token 100 wrote last; a fresh local locker's token is 1.
-		w := storage.Write{Guard: storage.GuardFencing, Orders: []storage.Order{{ID: "0190a5c8-0000-7000-8000-000000000001", SKU: "fenced", Quantity: 1, Status: "confirmed"}}, Stock: 5, Token: 100}
+		inv, err := f.store.Inventory(ctx, "fenced")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := storage.Write{Guard: storage.GuardFencing, Orders: []storage.Order{{ID: "0190a5c8-0000-7000-8000-000000000001", SKU: "fenced", Quantity: 1, Status: "confirmed"}}, Stock: 5, Version: inv.Version, Token: 100}
 		if _, err := f.store.PlaceOrder(ctx, w, nil); err != nil {
 			t.Fatal(err)
 		}

@@ -298,11 +298,13 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request,
 		fail(filled, fmt.Errorf("%w before the write", ErrLockLost))
 		return out
 	}
-	// The none and fencing guards trust the cached read, so the entry goes
-	// before the write: a holder killed or paused between its commit and
-	// step 7 then leaves the next holder a miss (a read of MySQL), not a
-	// stale stock that its own write would build on. The version and
-	// atomic guards check the read in MySQL and need no such care.
+	// The none and fencing guards build on the cached read, so the entry
+	// goes before the write: a holder killed or paused between its commit
+	// and step 7 then leaves the next holder a miss (a read of MySQL), not
+	// a stale stock that its own write would build on (under none: an
+	// oversell; under fencing, which also checks the version read: a
+	// refused write and a retry). The version and atomic guards check the
+	// read in MySQL and need no such care.
 	if s.trustsCache() {
 		if err := s.cache.Invalidate(ctx, sku); err != nil {
 			fail(filled, fmt.Errorf("%w: guard %s needs the stock cache: %w", ErrUnavailable, s.cfg.Guard, err))
@@ -654,8 +656,9 @@ func (s *Service) stock(ctx context.Context, sku string, lease locking.Lease) (i
 	return s.loader(sku, lease)(ctx)
 }
 
-// trustsCache reports whether the guard writes on the cached read without
-// checking it in MySQL: none and fencing.
+// trustsCache reports whether the guard builds its write on the cached
+// read: none, which never checks it, and fencing, whose version check
+// refuses a stale one (a stale entry would cost it a retry per holder).
 func (s *Service) trustsCache() bool {
 	return s.cfg.Guard == storage.GuardNone || s.cfg.Guard == storage.GuardFencing
 }

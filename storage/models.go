@@ -84,7 +84,7 @@ type Guard string
 const (
 	GuardNone    Guard = "none"    // trust the lock alone
 	GuardVersion Guard = "version" // optimistic: the row's version must be the one read
-	GuardFencing Guard = "fencing" // the lease's token must be newer than the last writer's
+	GuardFencing Guard = "fencing" // the lease's token must be newer than the last writer's, and the row the one read
 	GuardAtomic  Guard = "atomic"  // decrement in place if enough stock: no lock needed
 )
 

@@ -44,7 +44,9 @@ type Write struct {
 	// Stock - the orders' quantity for every guard but atomic.
 	Stock   int64
 	Version uint64
-	// Token is the lease's fencing token (fencing guard).
+	// Token is the lease's fencing token (fencing guard, which also
+	// requires Version: a valid token on a stale read, as a cache that
+	// lost writes in a failover gives, must not write).
 	Token uint64
 }
 
@@ -76,8 +78,9 @@ func (w Write) quantity() int64 {
 // and may show a later write still. Version 0 means that read failed: the
 // stock is unknown, nothing to cache.
 //
-// A refused guard returns ErrConflict (version), ErrStaleFence (fencing) or
-// ErrOutOfStock (atomic); a missing row ErrUnknownSKU; an idempotency key
+// A refused guard returns ErrConflict (version; fencing when the token is
+// newer than the fence but the row moved since the read), ErrStaleFence
+// (fencing) or ErrOutOfStock (atomic); a missing row ErrUnknownSKU; an idempotency key
 // already used ErrDuplicate. In every error case nothing was written.
 func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() error) (Inventory, error) {
 	if len(w.Orders) == 0 {
@@ -104,7 +107,7 @@ func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() err
 		// Every guard bumps version, so a row that matched also changed:
 		// zero rows means the guard refused, or there is no such SKU.
 		if !changed {
-			return refused(tx, w)
+			return refusal(tx, w.Guard, w.sku(), w.Token)
 		}
 		inv.Version = version
 		if w.Guard == GuardFencing {
@@ -175,8 +178,8 @@ func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, c
 		args = []any{w.Stock - q, sku, w.Version}
 	case GuardFencing:
 		query = `UPDATE inventory SET stock = ?, fence = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ? AND fence < ?`
-		args = []any{w.Stock - q, w.Token, sku, w.Token}
+			WHERE sku = ? AND fence < ? AND version = ?`
+		args = []any{w.Stock - q, w.Token, sku, w.Token, w.Version}
 	case GuardAtomic:
 		query = `UPDATE inventory SET stock = stock - ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
 			WHERE sku = ? AND stock >= ?`
@@ -201,23 +204,29 @@ func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, c
 	return uint64(id), true, nil
 }
 
-// refused tells a refusing guard from a missing SKU.
-func refused(tx *gorm.DB, w Write) error {
-	var n int64
-	if err := tx.Model(&Inventory{}).Where("sku = ?", w.sku()).Count(&n).Error; err != nil {
-		return err
-	}
+// refusal tells why guard's write of sku changed no row: no such SKU, or
+// the guard's own reason. The fencing guard refuses for two: a newer lock
+// holder wrote (ErrStaleFence, the lease is lost), or the row moved on
+// since the read the write is based on (ErrConflict: a stale cache entry,
+// to be read again under the same lock).
+func refusal(tx *gorm.DB, guard Guard, sku string, token uint64) error {
+	var row Inventory
+	err := tx.Select("fence").Take(&row, "sku = ?", sku).Error
 	switch {
-	case n == 0:
+	case errors.Is(err, gorm.ErrRecordNotFound):
 		return ErrUnknownSKU
-	case w.Guard == GuardVersion:
+	case err != nil:
+		return err
+	case guard == GuardVersion:
 		return ErrConflict
-	case w.Guard == GuardFencing:
+	case guard == GuardFencing && row.Fence >= token:
 		return ErrStaleFence
-	case w.Guard == GuardAtomic:
+	case guard == GuardFencing:
+		return ErrConflict
+	case guard == GuardAtomic:
 		return ErrOutOfStock
 	}
-	return fmt.Errorf("guard %q changed no row of an existing SKU", w.Guard)
+	return fmt.Errorf("guard %q changed no row of an existing SKU", guard)
 }
 
 // Order returns the order with id.

@@ -120,7 +120,7 @@ func ReservationFingerprint(lines []Line, ttlSeconds int64) []byte {
 // row as the caller read it under its lease (Seen), the lease's token, and
 // the change of stock and reserved. The guard applies as in PlaceOrder:
 // none writes Seen + change; version also requires Seen.Version; fencing
-// requires a fence below Token and raises it; atomic adds the change in
+// requires a fence below Token and raises it, and Seen.Version too; atomic adds the change in
 // place, refused when either would go negative.
 type Move struct {
 	Seen     Inventory
@@ -133,8 +133,8 @@ type Move struct {
 // every move under guard, in one transaction: all or nothing. It returns
 // the reservation as stored and the SKUs' rows after the writes.
 //
-// A refused guard returns ErrConflict (version), ErrStaleFence (fencing)
-// or ErrOutOfStock (atomic); a missing SKU ErrUnknownSKU; a key already
+// A refused guard returns ErrConflict (version, or fencing on a stale
+// read), ErrStaleFence (fencing) or ErrOutOfStock (atomic); a missing SKU ErrUnknownSKU; a key already
 // used ErrDuplicate. In every error case nothing was written.
 func (s *Store) Hold(ctx context.Context, guard Guard, r Reservation, ttl time.Duration, moves []Move) (Reservation, []Inventory, error) {
 	var after []Inventory
@@ -258,8 +258,8 @@ func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, moves []Move) ([]
 			args = []any{newStock, newReserved, sku, m.Seen.Version}
 		case GuardFencing:
 			query = `UPDATE inventory SET stock = ?, reserved = ?, fence = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
-				WHERE sku = ? AND fence < ?`
-			args = []any{newStock, newReserved, m.Token, sku, m.Token}
+				WHERE sku = ? AND fence < ? AND version = ?`
+			args = []any{newStock, newReserved, m.Token, sku, m.Token, m.Seen.Version}
 		case GuardAtomic:
 			query = `UPDATE inventory SET stock = stock + ?, reserved = reserved + ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
 				WHERE sku = ? AND stock + ? >= 0 AND reserved + ? >= 0`
@@ -274,7 +274,7 @@ func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, moves []Move) ([]
 		if n, err := res.RowsAffected(); err != nil {
 			return nil, err
 		} else if n == 0 {
-			return nil, refusedMove(tx, guard, sku)
+			return nil, fmt.Errorf("%q: %w", sku, refusal(tx, guard, sku, m.Token))
 		}
 		var inv Inventory
 		if err := tx.Take(&inv, "sku = ?", sku).Error; err != nil {
@@ -283,25 +283,6 @@ func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, moves []Move) ([]
 		after = append(after, inv)
 	}
 	return after, nil
-}
-
-// refusedMove tells a refusing guard from a missing SKU.
-func refusedMove(tx *gorm.DB, guard Guard, sku string) error {
-	var n int64
-	if err := tx.Model(&Inventory{}).Where("sku = ?", sku).Count(&n).Error; err != nil {
-		return err
-	}
-	switch {
-	case n == 0:
-		return fmt.Errorf("%q: %w", sku, ErrUnknownSKU)
-	case guard == GuardVersion:
-		return fmt.Errorf("%q: %w", sku, ErrConflict)
-	case guard == GuardFencing:
-		return fmt.Errorf("%q: %w", sku, ErrStaleFence)
-	case guard == GuardAtomic:
-		return fmt.Errorf("%q: %w", sku, ErrOutOfStock)
-	}
-	return fmt.Errorf("guard %q changed no row of %q", guard, sku)
 }
 
 // deadlock turns MySQL's deadlock victim into ErrConflict: nothing was

@@ -92,8 +92,14 @@ func TestGuards(t *testing.T) {
 			}, wantErr: storage.ErrConflict, wantStock: 9},
 		{name: "fencing passes a newer token", guard: storage.GuardFencing,
 			write: func(inv storage.Inventory) storage.Write {
-				return storage.Write{Stock: inv.Stock, Token: 5}
+				return storage.Write{Stock: inv.Stock, Version: inv.Version, Token: 5}
 			}, wantStock: 7},
+		{name: "fencing refuses a newer token's stale read", guard: storage.GuardFencing, prepare: true,
+			// A stale cache entry under a valid lease (a failover lost the
+			// cache's updates): the token alone would pass.
+			write: func(inv storage.Inventory) storage.Write {
+				return storage.Write{Stock: 10, Version: inv.Version - 1, Token: inv.Fence + 10}
+			}, wantErr: storage.ErrConflict, wantStock: 9},
 		{name: "fencing refuses an older token", guard: storage.GuardFencing, prepare: true,
 			write: func(inv storage.Inventory) storage.Write {
 				return storage.Write{Stock: 10, Token: inv.Fence - 1}
@@ -326,7 +332,7 @@ func TestPutInventory(t *testing.T) {
 	if inv.Stock != 5 || inv.Version != 1 || inv.Fence != 0 {
 		t.Fatalf("created %+v, want stock 5 version 1 fence 0", inv)
 	}
-	w := storage.Write{Guard: storage.GuardFencing, Orders: []storage.Order{newOrder("p", 1, "")}, Stock: 5, Token: 7}
+	w := storage.Write{Guard: storage.GuardFencing, Orders: []storage.Order{newOrder("p", 1, "")}, Stock: 5, Version: inv.Version, Token: 7}
 	if _, err := s.PlaceOrder(ctx, w, nil); err != nil {
 		t.Fatal(err)
 	}
