@@ -1,7 +1,6 @@
 package testbed
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -96,6 +95,21 @@ func zkLeader(ctx context.Context, c *Cluster) (int, error) {
 func ZKMode(ctx context.Context, addr string) (string, error) { return zkMode(ctx, addr) }
 
 func zkMode(ctx context.Context, addr string) (string, error) {
+	out, err := ZKFourLetter(ctx, addr, "srvr")
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(out) {
+		if m, ok := strings.CutPrefix(line, "Mode: "); ok {
+			return strings.TrimSpace(m), nil
+		}
+	}
+	return "", fmt.Errorf("zookeeper %s does not serve: srvr %q", addr, tailString(out, 3))
+}
+
+// ZKFourLetter sends a four-letter word (srvr, wchs, cons...) to the
+// ZooKeeper server at addr and returns its answer.
+func ZKFourLetter(ctx context.Context, addr, word string) (string, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -105,14 +119,9 @@ func zkMode(ctx context.Context, addr string) (string, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
-	if _, err := io.WriteString(conn, "srvr"); err != nil {
+	if _, err := io.WriteString(conn, word); err != nil {
 		return "", err
 	}
-	sc := bufio.NewScanner(conn)
-	for sc.Scan() {
-		if m, ok := strings.CutPrefix(sc.Text(), "Mode: "); ok {
-			return strings.TrimSpace(m), nil
-		}
-	}
-	return "", fmt.Errorf("zookeeper %s does not serve", addr)
+	out, err := io.ReadAll(conn)
+	return string(out), err
 }

@@ -74,7 +74,8 @@ sentinel parallel-syncs %[2]s 1
 func zkContainer(jvm, cfg []string) func(s *Server) ctrSpec {
 	return func(s *Server) ctrSpec {
 		zoo := zooCfg(s, "/data", cfg)
-		flags := append([]string{"-Xmx256m", "-XX:+UseSerialGC", "-Djava.net.preferIPv4Stack=true"}, jvm...)
+		flags := append([]string{"-Xmx256m", "-XX:+UseSerialGC", "-Djava.net.preferIPv4Stack=true"}, zkReaping...)
+		flags = append(flags, jvm...)
 		files := map[string]string{"/conf/zoo.cfg": zoo}
 		// An ensemble member's id, written to Dir/data by the caller
 		// (StartZooKeeperEnsemble), else the image writes ZOO_MY_ID or 1.

@@ -25,16 +25,9 @@ func sysProcAttr(detach bool) *syscall.SysProcAttr {
 // /proc/net/tcp and tcp6 (a JVM listens on tcp6 even for 127.0.0.1).
 // When /proc cannot tell, it does not block readiness.
 func listening(pid, port int) error {
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	inodes, err := socketInodes(pid)
 	if err != nil {
 		return nil
-	}
-	inodes := make(map[string]bool)
-	for _, fd := range fds {
-		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
-		if err == nil && strings.HasPrefix(l, "socket:[") {
-			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
-		}
 	}
 	readable := false
 	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
@@ -63,4 +56,49 @@ func listening(pid, port int) error {
 		return nil
 	}
 	return fmt.Errorf("pid %d not listening on port %d yet", pid, port)
+}
+
+// Connections counts this process' established TCP connections to port
+// (on any address): what its clients hold open to a server.
+func Connections(port int) (int, error) {
+	inodes, err := socketInodes(os.Getpid())
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		f, err := os.Open(table)
+		if err != nil {
+			return 0, err
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) < 10 || fs[3] != "01" || !inodes[fs[9]] { // 01 = ESTABLISHED
+				continue
+			}
+			i := strings.LastIndexByte(fs[2], ':')
+			if p, err := strconv.ParseUint(fs[2][i+1:], 16, 16); err == nil && int(p) == port {
+				n++
+			}
+		}
+		f.Close()
+	}
+	return n, nil
+}
+
+// socketInodes returns the inodes of process pid's sockets.
+func socketInodes(pid int) (map[string]bool, error) {
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return nil, err
+	}
+	inodes := make(map[string]bool)
+	for _, fd := range fds {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	return inodes, nil
 }

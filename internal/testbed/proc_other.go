@@ -2,7 +2,10 @@
 
 package testbed
 
-import "syscall"
+import (
+	"errors"
+	"syscall"
+)
 
 // sysProcAttr: without Pdeathsig, servers outlive a crashed parent here;
 // Stop and Main still clean up.
@@ -11,3 +14,8 @@ func sysProcAttr(detach bool) *syscall.SysProcAttr {
 }
 
 func listening(pid, port int) error { return nil }
+
+// Connections needs /proc: not available here.
+func Connections(port int) (int, error) {
+	return 0, errors.New("testbed: Connections needs Linux /proc")
+}

@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -70,9 +75,61 @@ func conformance(t *testing.T, endpoints []string) {
 			})
 			return state, err
 		},
+		Footprint: func(ctx context.Context) (map[string]int, error) {
+			fp := map[string]int{}
+			for _, ep := range endpoints {
+				_, port, _ := net.SplitHostPort(ep)
+				p, _ := strconv.Atoi(port)
+				conns, err := testbed.Connections(p)
+				if err != nil {
+					return nil, err
+				}
+				fp["connections"] += conns
+				w, err := metric(ctx, ep, "etcd_debugging_mvcc_watcher_total")
+				if err != nil {
+					return nil, err
+				}
+				fp["watches"] += w
+			}
+			err := withClient(endpoints, func(c *clientv3.Client) error {
+				resp, err := c.Leases(ctx)
+				if err == nil {
+					fp["leases"] = len(resp.Leases)
+				}
+				return err
+			})
+			return fp, err
+		},
 		Expiry: ttl,
 	})
 }
+
+// metric reads a gauge from etcd's /metrics on endpoint.
+func metric(ctx context.Context, endpoint, name string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := noKeepAlive.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int(f), err
+		}
+	}
+	return 0, fmt.Errorf("etcd %s: no metric %s", endpoint, name)
+}
+
+// noKeepAlive leaves no idle connection (nor its goroutines) behind.
+var noKeepAlive = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
 // queue is the prefix of key's queue.
 func queue(key string) string { return etcdlock.DefaultPrefix + "/" + url.PathEscape(key) + "/" }

@@ -20,10 +20,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,6 +64,12 @@ type Backend struct {
 	// State, if set, describes what the server holds overall (database
 	// size, nodes under the root), for the ManyKeys report.
 	State func(ctx context.Context) (string, error)
+	// Footprint, if set, counts what the server holds for this process
+	// beside the lock keys themselves (connections, watches, sessions or
+	// leases, empty key parents). ManyKeys requires every count to come
+	// back to its level before the run: anything kept per key ever used
+	// grows with the keys.
+	Footprint func(ctx context.Context) (map[string]int, error)
 }
 
 func (b Backend) ttl() time.Duration {
@@ -701,6 +709,7 @@ func manyKeys(t *testing.T, b Backend, prefix string) {
 	// A first tenth grows the pools and sessions to what 8 workers use.
 	warm := max(n/10, 50)
 	run(0, warm)
+	footBefore := settledFootprint(t, b)
 	before := runtime.NumGoroutine()
 	began := time.Now()
 	run(warm, warm+n)
@@ -710,6 +719,7 @@ func manyKeys(t *testing.T, b Backend, prefix string) {
 	for deadline := time.Now().Add(10 * time.Second); after > before && time.Now().Before(deadline); after = runtime.NumGoroutine() {
 		time.Sleep(100 * time.Millisecond)
 	}
+	footAfter := footprintBack(t, b, footBefore)
 	state := ""
 	if b.State != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -719,10 +729,15 @@ func manyKeys(t *testing.T, b Backend, prefix string) {
 			t.Errorf("server state: %v", err)
 		}
 	}
-	t.Logf("%s: %d distinct keys in %v (%.0f/s): goroutines %d before, %d after; %s",
-		b.Name, n, took.Round(time.Millisecond), float64(n)/took.Seconds(), before, after, state)
+	t.Logf("%s: %d distinct keys in %v (%.0f/s): goroutines %d before, %d after; %s%s",
+		b.Name, n, took.Round(time.Millisecond), float64(n)/took.Seconds(), before, after, state, footprintLine(footBefore, footAfter))
 	if after > before+4 {
 		t.Errorf("goroutines grew from %d to %d over %d distinct keys", before, after, n)
+	}
+	for what, was := range footBefore {
+		if now := footAfter[what]; now > was {
+			t.Errorf("%s grew from %d to %d over %d distinct keys", what, was, now, n)
+		}
 	}
 	if b.Leftovers != nil {
 		for _, i := range []int{1, warm + n/2, warm + n} {
@@ -731,6 +746,66 @@ func manyKeys(t *testing.T, b Backend, prefix string) {
 			}
 		}
 	}
+}
+
+// footprint reads b.Footprint, nil without one.
+func footprint(t *testing.T, b Backend) map[string]int {
+	t.Helper()
+	if b.Footprint == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fp, err := b.Footprint(ctx)
+	if err != nil {
+		t.Fatalf("server footprint: %v", err)
+	}
+	return fp
+}
+
+// settledFootprint is the footprint once it stops falling (a second
+// without change, within 15s): what a warm Locker holds, once the server
+// has reaped what the warm-up left to reap.
+func settledFootprint(t *testing.T, b Backend) map[string]int {
+	t.Helper()
+	fp := footprint(t, b)
+	for deadline := time.Now().Add(15 * time.Second); fp != nil && time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+		next := footprint(t, b)
+		if maps.Equal(next, fp) {
+			break
+		}
+		fp = next
+	}
+	return fp
+}
+
+// footprintBack waits up to 15s for every count to come back to was (the
+// server reaps empty parents, watches end with their leases), and returns
+// the last reading.
+func footprintBack(t *testing.T, b Backend, was map[string]int) map[string]int {
+	t.Helper()
+	fp := footprint(t, b)
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); fp = footprint(t, b) {
+		back := true
+		for what, n := range was {
+			back = back && fp[what] <= n
+		}
+		if back {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fp
+}
+
+// footprintLine is "; what before -> after" for each count, sorted.
+func footprintLine(before, after map[string]int) string {
+	var b strings.Builder
+	for _, what := range slices.Sorted(maps.Keys(before)) {
+		fmt.Fprintf(&b, "; %s %d -> %d", what, before[what], after[what])
+	}
+	return b.String()
 }
 
 // The helper-process protocol: the parent starts the test binary with

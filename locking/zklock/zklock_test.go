@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,9 +68,44 @@ func conformance(t *testing.T, servers []string) {
 			err = withConn(ctx, servers, func(c *zk.Conn) error {
 				keys, _, err := c.Children(zklock.DefaultRoot)
 				state = fmt.Sprintf("%d key parents under %s", len(keys), zklock.DefaultRoot)
+				if errors.Is(err, zk.ErrNoNode) {
+					return nil
+				}
 				return err
 			})
 			return state, err
+		},
+		Footprint: func(ctx context.Context) (map[string]int, error) {
+			fp := map[string]int{}
+			for _, addr := range servers {
+				_, port, _ := net.SplitHostPort(addr)
+				p, _ := strconv.Atoi(port)
+				conns, err := testbed.Connections(p)
+				if err != nil {
+					return nil, err
+				}
+				fp["connections"] += conns
+				// "N connections watching M paths\nTotal watches:K"
+				wchs, err := testbed.ZKFourLetter(ctx, addr, "wchs")
+				if err != nil {
+					return nil, err
+				}
+				_, total, ok := strings.Cut(wchs, "Total watches:")
+				w, err := strconv.Atoi(strings.TrimSpace(total))
+				if !ok || err != nil {
+					return nil, fmt.Errorf("wchs: %q", wchs)
+				}
+				fp["watches"] += w
+			}
+			err := withConn(ctx, servers, func(c *zk.Conn) error {
+				keys, _, err := c.Children(zklock.DefaultRoot)
+				fp["key parents"] = len(keys)
+				if errors.Is(err, zk.ErrNoNode) {
+					return nil // the root is a container too, reaped once empty
+				}
+				return err
+			})
+			return fp, err
 		},
 		Expiry: ttl,
 	})
