@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -327,4 +328,103 @@ func TestCancelWhileServerPaused(t *testing.T) {
 		Config:    backends.Config{EtcdEndpoints: endpoints, TTL: 5 * time.Second}, // outlives the pause
 		Leftovers: queueLength(endpoints),
 	}, srv)
+}
+
+// Every grant and every release is a revision, which etcd keeps until it is
+// compacted. What the locks leave over many distinct keys must all be
+// compactable: once compacted at the current revision (as the server's
+// auto-compaction does, every 5 minutes with the testbed's and compose's
+// flags) and defragmented, the database is back to its size before the run,
+// and no key or lease is left. OVERSOLD_LOCKTEST_KEYS sets the number of
+// keys (2000 by default); a soak long enough to span the server's own
+// compactions logs the database's size every 30 s.
+func TestCompactionBoundsDatabase(t *testing.T) {
+	srv := locktest.PrivateServer(t, testbed.StartEtcd)
+	endpoints := []string{srv.Addr}
+	n := 2000
+	if v, err := strconv.Atoi(os.Getenv("OVERSOLD_LOCKTEST_KEYS")); err == nil && v > 0 {
+		n = v
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	status := func() *clientv3.StatusResponse {
+		t.Helper()
+		st, err := cli.Status(t.Context(), endpoints[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	before := status()
+	l := newLocker(t, endpoints)
+	var (
+		next     atomic.Int64
+		wg       sync.WaitGroup
+		finished = make(chan struct{})
+		sampled  = make(chan struct{})
+	)
+	began := time.Now()
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(30 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+			case <-finished:
+				return
+			}
+			if st, err := cli.Status(t.Context(), endpoints[0]); err == nil {
+				t.Logf("%v: %d keys, db %d bytes, %d in use, revision %d", time.Since(began).Round(time.Second),
+					min(next.Load(), int64(n)), st.DbSize, st.DbSizeInUse, st.Header.Revision)
+			}
+		}
+	}()
+	for range 8 {
+		wg.Go(func() {
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				lease, err := l.Acquire(t.Context(), fmt.Sprintf("sku/%d", i))
+				if err != nil {
+					t.Errorf("acquire key %d: %v", i, err)
+					return
+				}
+				if err := lease.Release(t.Context()); err != nil {
+					t.Errorf("release key %d: %v", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(began)
+	close(finished)
+	<-sampled
+	if t.Failed() {
+		return
+	}
+	grown := status()
+	if _, err := cli.Compact(t.Context(), grown.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	compacted := status()
+	if _, err := cli.Defragment(t.Context(), endpoints[0]); err != nil {
+		t.Fatal(err)
+	}
+	defragged := status()
+	t.Logf("%d distinct keys in %v: db %d bytes (%d in use) before; %d (%d in use) at revision %d after; %d in use once compacted; %d once defragmented",
+		n, took.Round(time.Millisecond), before.DbSize, before.DbSizeInUse, grown.DbSize, grown.DbSizeInUse,
+		grown.Header.Revision, compacted.DbSizeInUse, defragged.DbSize)
+	if left, err := cli.Get(t.Context(), etcdlock.DefaultPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+		t.Fatal(err)
+	} else if left.Count != 0 {
+		t.Errorf("%d lock keys left after every lease was released", left.Count)
+	}
+	// The Locker's session lease is all that may remain: a few hundred bytes.
+	if slack := int64(64 << 10); defragged.DbSize > before.DbSize+slack {
+		t.Errorf("database %d bytes once compacted and defragmented, %d before %d distinct keys: the locks left state behind",
+			defragged.DbSize, before.DbSize, n)
+	}
 }
