@@ -3,6 +3,7 @@ package testbed
 import (
 	"bufio"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -58,9 +59,22 @@ func listening(pid, port int) error {
 	return fmt.Errorf("pid %d not listening on port %d yet", pid, port)
 }
 
-// Connections counts this process' established TCP connections to port
-// (on any address): what its clients hold open to a server.
-func Connections(port int) (int, error) {
+// Connections counts this process' established TCP connections to the
+// ports of addrs (host:port, any host): what its clients hold open to
+// those servers.
+func Connections(addrs ...string) (int, error) {
+	ports := make(map[uint64]bool)
+	for _, a := range addrs {
+		_, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return 0, err
+		}
+		p, err := strconv.ParseUint(port, 10, 16)
+		if err != nil {
+			return 0, fmt.Errorf("testbed: port of %q: %w", a, err)
+		}
+		ports[p] = true
+	}
 	inodes, err := socketInodes(os.Getpid())
 	if err != nil {
 		return 0, err
@@ -78,7 +92,7 @@ func Connections(port int) (int, error) {
 				continue
 			}
 			i := strings.LastIndexByte(fs[2], ':')
-			if p, err := strconv.ParseUint(fs[2][i+1:], 16, 16); err == nil && int(p) == port {
+			if p, err := strconv.ParseUint(fs[2][i+1:], 16, 16); err == nil && ports[p] {
 				n++
 			}
 		}

@@ -16,6 +16,6 @@ func sysProcAttr(detach bool) *syscall.SysProcAttr {
 func listening(pid, port int) error { return nil }
 
 // Connections needs /proc: not available here.
-func Connections(port int) (int, error) {
+func Connections(addrs ...string) (int, error) {
 	return 0, errors.New("testbed: Connections needs Linux /proc")
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -77,22 +76,19 @@ func conformance(t *testing.T, endpoints []string) {
 			return state, err
 		},
 		Footprint: func(ctx context.Context) (map[string]int, error) {
-			fp := map[string]int{}
+			conns, err := testbed.Connections(endpoints...)
+			if err != nil {
+				return nil, err
+			}
+			fp := map[string]int{"connections": conns}
 			for _, ep := range endpoints {
-				_, port, _ := net.SplitHostPort(ep)
-				p, _ := strconv.Atoi(port)
-				conns, err := testbed.Connections(p)
-				if err != nil {
-					return nil, err
-				}
-				fp["connections"] += conns
 				w, err := metric(ctx, ep, "etcd_debugging_mvcc_watcher_total")
 				if err != nil {
 					return nil, err
 				}
 				fp["watches"] += w
 			}
-			err := withClient(endpoints, func(c *clientv3.Client) error {
+			err = withClient(endpoints, func(c *clientv3.Client) error {
 				resp, err := c.Leases(ctx)
 				if err == nil {
 					fp["leases"] = len(resp.Leases)

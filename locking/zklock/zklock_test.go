@@ -76,15 +76,12 @@ func conformance(t *testing.T, servers []string) {
 			return state, err
 		},
 		Footprint: func(ctx context.Context) (map[string]int, error) {
-			fp := map[string]int{}
+			conns, err := testbed.Connections(servers...)
+			if err != nil {
+				return nil, err
+			}
+			fp := map[string]int{"connections": conns}
 			for _, addr := range servers {
-				_, port, _ := net.SplitHostPort(addr)
-				p, _ := strconv.Atoi(port)
-				conns, err := testbed.Connections(p)
-				if err != nil {
-					return nil, err
-				}
-				fp["connections"] += conns
 				// "N connections watching M paths\nTotal watches:K"
 				wchs, err := testbed.ZKFourLetter(ctx, addr, "wchs")
 				if err != nil {
@@ -97,7 +94,7 @@ func conformance(t *testing.T, servers []string) {
 				}
 				fp["watches"] += w
 			}
-			err := withConn(ctx, servers, func(c *zk.Conn) error {
+			err = withConn(ctx, servers, func(c *zk.Conn) error {
 				keys, _, err := c.Children(zklock.DefaultRoot)
 				fp["key parents"] = len(keys)
 				if errors.Is(err, zk.ErrNoNode) {
