@@ -110,6 +110,7 @@ func writeMarkdown(w io.Writer, rep Report) {
 		fmt.Fprintf(w, "\nNot run, because they do not apply: %s.\n", strings.Join(na, "; "))
 	}
 	writeFaultsMarkdown(w, rep.Results)
+	writeClaimsMarkdown(w, rep.Results)
 	writeReservationsMarkdown(w, rep.Results)
 	for _, r := range rep.Results {
 		if r.Error == "" && len(r.Notes) == 0 {
@@ -186,6 +187,9 @@ func writeHTML(w io.Writer, rep Report) error {
 		"Timelines":     timelines(rep.Results),
 		"NotApplicable": NotApplicableLines(rep.NotApplicable),
 		"Reservations":  reservationsHTML(rep.Results),
+		"ClaimHeads":    ClaimHeads,
+		"Claims":        ClaimRows(rep.Results),
+		"ClaimsSource":  claimsSource,
 	})
 }
 

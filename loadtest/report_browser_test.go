@@ -69,6 +69,29 @@ func fixtureReport() Report {
 		return Result{Backend: backend, Guard: guard, Fault: "redis-failover", NotApplicable: true,
 			Notes: []string{"fault redis-failover does not apply to backend " + backend + " (only redis)"}}
 	}
+	// Runs on clusters, for the claims table: a failover with two
+	// holders, one the guard saved, handoffs and the bus's pub/sub.
+	onCluster := func(r Result, p50, p99 float64) Result {
+		r.Topology, r.HandoffMS = "cluster", &Wait{Count: 40, P50: p50, P99: p99}
+		return r
+	}
+	clusterRedis := onCluster(plain("redis", "none", 700, 0), 2.4, 56)
+	clusterRedis.PubSub = &PubSub{Releases: 90}
+	for i := range 6 {
+		n := PubSubNode{Addr: fmt.Sprintf("127.0.0.1:4%04d", i), Publish: 1, LockPublish: 0.94}
+		if i == 0 {
+			n.Publish, n.LockPublish = 0, 0
+		}
+		if i == 3 {
+			n.SPublish = 1
+		}
+		clusterRedis.PubSub.Nodes = append(clusterRedis.PubSub.Nodes, n)
+	}
+	failover := func(guard string, refused bool) Result {
+		r := fault("redis", guard, "redis-cluster-failover", refused)
+		r.Topology = "cluster"
+		return r
+	}
 	results := []Result{
 		plain("local", "none", 1000, 198),
 		plain("redis", "none", 773, 0),
@@ -80,6 +103,11 @@ func fixtureReport() Report {
 		fault("zookeeper", "version", "redlock-node-restart-delayed", true),
 		notApplicable("zookeeper", "none"),
 		notApplicable("zookeeper", "fencing"),
+		clusterRedis,
+		onCluster(plain("zookeeper", "none", 200, 0), 81, 344),
+		onCluster(plain("etcd", "none", 240, 0), 41, 224),
+		failover("none", false),
+		failover("fencing", true),
 	}
 	ran, na := SplitApplicable(results)
 	return Report{Results: ran, NotApplicable: na, Machine: Machine{CPU: "test CPU", Cores: 2, OS: "linux", Go: "go1.26"},
@@ -170,6 +198,22 @@ func TestReportInBrowser(t *testing.T) {
 			}
 		}
 	}
+	// The claims table: a row per backend that ran on a cluster, as
+	// ClaimRows computes it from the runs, and none without one.
+	claims := ClaimRows(results)
+	if len(page.Claims) != len(claims) {
+		t.Errorf("the claims table has %d rows, want %d (%v)", len(page.Claims), len(claims), page.Claims)
+	}
+	for _, c := range claims {
+		got, ok := page.Claims[c.Backend]
+		if !ok {
+			t.Errorf("the claims table has no row for %s", c.Backend)
+			continue
+		}
+		if strings.Join(got, " | ") != strings.Join(c.Cells, " | ") {
+			t.Errorf("claims row %s shows\n %q\nwant\n %q", c.Backend, got, c.Cells)
+		}
+	}
 	if notApplicable > 0 {
 		if n := strings.Count(page.Text, "redis-failover on zookeeper"); n != 1 {
 			t.Errorf("the pair that did not apply is named %d times, want once", n)
@@ -183,6 +227,7 @@ type browserPage struct {
 	Text      string // what a reader sees
 	AllText   string // with the charts' text and tooltips
 	Timelines map[string]struct{ Lanes, Leases, Overlaps, Writes, Refused int }
+	Claims    map[string][]string // the claims table's cells, by backend
 }
 
 // pageCheck runs in the page: what is cut off or drawn outside its chart,
@@ -226,7 +271,11 @@ const pageCheck = `(() => {
       Refused: svg.querySelectorAll('[data-write="refused"]').length,
     };
   }
-  return JSON.stringify({Problems: problems, Text: document.body.innerText, AllText: document.documentElement.textContent, Timelines: timelines});
+  const claims = {};
+  for (const tr of document.querySelectorAll('table[data-table="claims"] tbody tr')) {
+    claims[tr.getAttribute("data-backend")] = Array.from(tr.querySelectorAll("td"), td => td.textContent);
+  }
+  return JSON.stringify({Problems: problems, Text: document.body.innerText, AllText: document.documentElement.textContent, Timelines: timelines, Claims: claims});
 })()`
 
 // checkInBrowser opens file in headless Chromium, 1280 px wide, and runs

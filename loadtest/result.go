@@ -99,6 +99,10 @@ type Result struct {
 	Checkouts           map[string]int     `json:"checkouts,omitempty"`
 	ReservationTimeline []ReservationSlice `json:"reservation_timeline,omitempty"`
 
+	// PubSub is what the Redis Cluster's bus carried per node, on a
+	// cluster run of the redis lock without a fault (pubsub.go).
+	PubSub *PubSub `json:"pubsub,omitempty"`
+
 	// Memory (issue 7).
 
 	// PeakRSSMB is the largest peak resident set size (VmHWM) of the run's

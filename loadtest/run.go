@@ -332,6 +332,18 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	keyPrefix := fmt.Sprintf("%s-%02d", rn.ID, n)
 	run.Target, run.SKUs, run.KeyPrefix = base, skus, keyPrefix
 
+	// The cluster bus's pub/sub counters, on a Redis Cluster the run's
+	// lock uses alone (pubsub.go).
+	var busNodes []string
+	var bus map[string]busCounts
+	if nodes := strings.Split(run.Servers.RedisAddr, ","); spec.Topology == "cluster" && spec.Backend == "redis" && spec.Fault == "" && len(nodes) > 1 {
+		var err error
+		if bus, err = readBus(ctx, nodes); err != nil {
+			res.Notes = append(res.Notes, "pub/sub counters: "+err.Error())
+		}
+		busNodes = nodes
+	}
+
 	loadStart := time.Now()
 	load := rn.load
 	if spec.Workload == WorkloadReservations {
@@ -377,6 +389,11 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		}
 		ov := Overlaps(leases)
 		res.Leases, res.Overlaps = len(leases), len(ov)
+		if bus != nil {
+			if res.PubSub, err = measurePubSub(ctx, busNodes, bus, len(leases)); err != nil {
+				res.Notes = append(res.Notes, "pub/sub counters: "+err.Error())
+			}
+		}
 		res.HandoffMS = Handoffs(leases)
 		for _, o := range ov[:min(len(ov), 3)] {
 			res.Notes = append(res.Notes, "two holders: "+o.String())

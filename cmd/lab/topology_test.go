@@ -51,6 +51,29 @@ func TestLabOnClusters(t *testing.T) {
 			t.Errorf("%s: safe %v, error %q, topology %q, sold %d/10, overlaps %d", r.Name(), r.Safe, r.Error, r.Topology, r.OrderedQuantity, r.Overlaps)
 		}
 	}
+	// The bus's pub/sub counters, read on the run's Redis Cluster: a
+	// PUBLISH reaches every node but its sender, an SPUBLISH one.
+	if ps := results[0].PubSub; results[0].Backend != "redis" || ps == nil || len(ps.Nodes) != 6 || ps.Releases != results[0].Leases {
+		t.Errorf("%s: pub/sub %+v, want 6 nodes and %d releases", results[0].Name(), ps, results[0].Leases)
+	} else {
+		var publish, spublish int
+		for _, n := range ps.Nodes {
+			if n.Publish > 0.99 {
+				publish++
+			}
+			if n.SPublish > 0.99 {
+				spublish++
+			}
+		}
+		if publish != 5 || spublish != 1 {
+			t.Errorf("pub/sub probe: PUBLISH on %d nodes, SPUBLISH on %d; want 5 and 1: %+v", publish, spublish, ps.Nodes)
+		}
+	}
+	for _, r := range results[1:] {
+		if r.PubSub != nil {
+			t.Errorf("%s: pub/sub measured on a lock without pub/sub", r.Name())
+		}
+	}
 	log, err := os.ReadFile(filepath.Join(out, "logs", "01-redis-none", "r1.log"))
 	if err != nil {
 		t.Fatal(err)
