@@ -14,8 +14,8 @@ const (
 func Break(variant string) {
 	switch variant {
 	case BareDel:
-		releaseScript = redis.NewScript(`return redis.call('del', KEYS[1])`)
+		scripts.Release = redis.NewScript(`return redis.call('del', KEYS[1])`)
 	case BarePexpire:
-		renewScript = redis.NewScript(`return redis.call('pexpire', KEYS[1], ARGV[2])`)
+		scripts.Renew = redis.NewScript(`return redis.call('pexpire', KEYS[1], ARGV[2])`)
 	}
 }

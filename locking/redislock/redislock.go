@@ -13,18 +13,18 @@
 // (locking.Keepalive), and Release deletes the key by the same owner check,
 // publishing on "lock:{k}:released" in the same script.
 //
-// A try that fails also queues the waiter, in the same script: a sorted
-// set "lock:{k}:waiters" whose members name the waiter and its Locker, scored
-// by a deadline (the server's time plus twice the longest fallback wait)
-// that every try pushes back. Release, in its script, drops the expired entries (waiters
-// that died or stopped trying), pops the first entry left, the waiter that
-// tried least recently, and publishes its name on that Locker's channel
-// "lock:{k}:wake:<locker id>". So a release wakes exactly one waiter in the
-// whole system, not one per process: on a hot key with 32 processes the
-// other 30 no longer run a try that can only fail. (Redisson's FairLock
-// queues waiters too, but also bars newcomers; here a newcomer may still
-// take a free lock first, which keeps a hot key busy, and the woken waiter
-// that lost such a race queues again.)
+// A try that fails also queues the waiter, in the same script, in a fair
+// queue kept on the server (locking/internal/waitq): each waiter keeps the
+// place of its first arrival, scored by the server's clock, for as long as
+// it keeps trying. Release, in its script, wakes the first live waiter,
+// with a message naming it on its Locker's channel
+// "lock:{k}:wake:<locker id>", and that waiter keeps its place: a newcomer
+// that finds the lock free before the woken waiter's try arrives queues
+// behind it instead of taking the lock, so queued waiters are served in
+// order under steady arrivals instead of being demoted behind every
+// newcomer. A release wakes exactly one waiter in the whole system, not one
+// per process: on a hot key with 32 processes the other 30 no longer run a
+// try that can only fail. (Redisson's FairLock is fair the same way.)
 //
 // A waiter subscribes to its Locker's channel before it waits, and waits
 // until the server has confirmed the subscription and tries again: a release
@@ -34,10 +34,11 @@
 // share one subscription connection (Notifier), which wakes the waiter the
 // message names. A waiter also keeps a fallback timer, a jittered
 // exponential backoff (Config.MinBackoff to MaxBackoff) capped by the
-// holder's remaining TTL, which the failed try returned: a holder that died
-// is replaced as soon as its key expires, with no message at all (Redisson
-// waits the same way), and a release whose wake-up went to a dead waiter
-// costs the others one fallback wait, no more. A waiter that gives up (ctx,
+// holder's remaining TTL (or the first waiter's liveness, when the lock is
+// free), which the failed try returned: a holder that died is replaced as
+// soon as its key expires, with no message at all (Redisson waits the same
+// way), and a release whose wake-up went to a dead waiter costs the others
+// the rest of that waiter's liveness (Config.queueLife), no more. A waiter that gives up (ctx,
 // Close) leaves the queue and, if the lock is free, passes the wake-up on to
 // the next waiter, in one script.
 //
@@ -76,12 +77,8 @@ package redislock
 
 import (
 	"context"
-	"crypto/rand"
-	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -90,6 +87,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/internal/waitq"
 )
 
 var _ locking.Locker = (*Locker)(nil)
@@ -97,18 +95,8 @@ var _ locking.Locker = (*Locker)(nil)
 // ErrClosed is returned by Acquire on a closed Locker.
 var ErrClosed = errors.New("redislock: locker closed")
 
-var (
-	//go:embed acquire.lua
-	acquireLua string
-	//go:embed renew.lua
-	renewLua string
-	//go:embed release.lua
-	releaseLua string
-
-	acquireScript = redis.NewScript(acquireLua)
-	renewScript   = redis.NewScript(renewLua)
-	releaseScript = redis.NewScript(releaseLua)
-)
+// scripts are the queue's scripts (waitq.Default); tests may break one.
+var scripts = waitq.Default
 
 // Config tunes a Locker. The zero value is usable.
 type Config struct {
@@ -141,9 +129,9 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// queueLife is how long a waiter's queue entry outlives its last try: more
-// than the longest fallback wait between two tries, so the entry of a live
-// waiter does not expire, and that of a dead one soon does.
+// queueLife is how long a waiter keeps its place in the queue after its
+// last try: more than the longest fallback wait between two tries, so a
+// live waiter keeps it, and a dead one soon loses it.
 func (c Config) queueLife() time.Duration {
 	return 2 * (c.MaxBackoff + c.MinBackoff)
 }
@@ -156,7 +144,7 @@ type Locker struct {
 	id       string // names this Locker's waiters and wake channels
 	ttl      string // cfg.TTL in milliseconds, as the scripts take it
 	life     string // queueLife in milliseconds
-	notifier *Notifier
+	notifier *waitq.Notifier
 
 	mu      sync.Mutex
 	leases  map[*lease]struct{} // live leases, ended by Close
@@ -170,23 +158,13 @@ func New(client redis.UniversalClient, cfg Config) *Locker {
 	return &Locker{
 		client:   client,
 		cfg:      cfg,
-		id:       newOwner()[:16],
+		id:       waitq.NewOwner()[:16],
 		ttl:      strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
 		life:     strconv.FormatInt(cfg.queueLife().Milliseconds(), 10),
-		notifier: NewNotifier(client),
+		notifier: waitq.NewNotifier(client),
 		leases:   make(map[*lease]struct{}),
 		closing:  make(chan struct{}),
 	}
-}
-
-// names are the Redis names of one lock key, all in the hash slot of {key}:
-// the lock, its fence counter, its queue of waiters, and the prefix of the
-// channels that wake them (one per Locker: wake + Locker id).
-type names struct{ lock, fence, waiters, wake string }
-
-func (l *Locker) names(key string) names {
-	lock := l.cfg.Prefix + "{" + key + "}"
-	return names{lock: lock, fence: lock + ":fence", waiters: lock + ":waiters", wake: lock + ":wake:"}
 }
 
 // Acquire waits until the lock on key is granted, ctx ends, or Redis fails.
@@ -196,20 +174,13 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		// different Cluster slots.
 		return nil, errors.New("acquire: empty key")
 	}
-	n := l.names(key)
-	owner := newOwner()
-	member := l.id + ":" + owner // our entry in the queue of waiters
-	channel := n.wake + l.id
-	var (
-		wake = make(chan struct{}, 1)
-		// Already subscribed (the key is hot): a failed try can wait at once.
-		watch = l.notifier.JoinAs(channel, member, wake)
-		timer *time.Timer
-	)
+	n := waitq.NamesOf(l.cfg.Prefix, key)
+	owner := waitq.NewOwner()
+	member := waitq.Member(l.id, owner) // our place in the queue
+	w := waitq.NewWaiter([]*waitq.Notifier{l.notifier}, n.Wake+l.id, member)
+	defer w.Stop()
+	var timer *time.Timer
 	defer func() {
-		if watch != nil {
-			watch.Stop()
-		}
 		if timer != nil {
 			timer.Stop()
 		}
@@ -222,7 +193,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			return nil, fmt.Errorf("acquire %q: %w", key, err)
 		}
 		sent := time.Now()
-		token, pttl, err := l.try(ctx, n, owner, member)
+		token, wait, err := l.try(ctx, n, owner, member)
 		if err != nil {
 			// The SET may have happened with its reply lost: remove it.
 			l.undo(ctx, n, owner, member)
@@ -232,20 +203,16 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			return nil, fmt.Errorf("acquire %q: %w: %w", key, locking.ErrUnavailable, err)
 		}
 		if token > 0 {
-			select {
-			case <-wake: // this grant used up the release we were told of
-			default:
-			}
+			w.Drain() // this grant used up the release we were told of
 			return l.grant(ctx, key, n, owner, token, sent)
 		}
-		woken := (<-chan struct{})(wake)
-		if watch == nil {
+		woken := (<-chan struct{})(w.Wake)
+		if !w.Subscribed() {
 			// Subscribe, and try again once the server confirms: a release
 			// between the first try and the subscription is not lost.
-			watch = l.notifier.WatchAs(channel, member, wake)
-			woken = watch.Ready()
+			woken = w.Subscribe()[0]
 		}
-		d := l.backoff(attempt, pttl)
+		d := waitq.Backoff(l.cfg.MinBackoff, l.cfg.MaxBackoff, attempt, wait)
 		if timer == nil {
 			timer = time.NewTimer(d)
 		} else {
@@ -265,59 +232,57 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 }
 
 // try runs the acquire script once. It returns the token if the lock was
-// granted, or else the holder's remaining TTL (negative if unknown).
-func (l *Locker) try(ctx context.Context, n names, owner, member string) (token uint64, pttl time.Duration, err error) {
-	res, err := acquireScript.Run(ctx, l.client, []string{n.lock, n.fence, n.waiters}, owner, l.ttl, member, l.life).Int64Slice()
+// granted, or else how long to wait at most before the next try: the
+// holder's remaining TTL, or the first waiter's liveness (negative if
+// unknown).
+func (l *Locker) try(ctx context.Context, n waitq.Names, owner, member string) (token uint64, wait time.Duration, err error) {
+	res, err := scripts.Acquire.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, l.ttl, member, l.life, "", n.Wake).Slice()
 	if err != nil {
 		return 0, 0, err
 	}
-	if len(res) != 2 {
+	granted, count, ok := reply(res)
+	switch {
+	case !ok:
 		return 0, 0, fmt.Errorf("acquire script returned %v", res)
+	case !granted:
+		return 0, time.Duration(count) * time.Millisecond, nil
+	case count <= 0:
+		return 0, 0, fmt.Errorf("fence counter %s is %d, not positive", n.Fence, count)
 	}
-	if res[0] == 1 {
-		if res[1] <= 0 {
-			return 0, 0, fmt.Errorf("fence counter %s is %d, not positive", n.fence, res[1])
-		}
-		return uint64(res[1]), 0, nil
-	}
-	return 0, time.Duration(res[1]) * time.Millisecond, nil
+	return uint64(count), 0, nil
 }
 
-// backoff is the fallback wait before try number attempt+1: exponential
-// with jitter (so waiters of several processes do not retry in step),
-// capped by the holder's remaining TTL, after which the key is free.
-func (l *Locker) backoff(attempt int, pttl time.Duration) time.Duration {
-	d := l.cfg.MaxBackoff
-	if attempt < 30 {
-		d = min(d, l.cfg.MinBackoff<<attempt)
+// reply reads the acquire script's {granted, token or ms, ...}.
+func reply(res []any) (granted bool, n int64, ok bool) {
+	if len(res) < 2 {
+		return false, 0, false
 	}
-	d = d/2 + mrand.N(d/2+1)
-	if pttl >= 0 && pttl < d {
-		d = pttl + mrand.N(l.cfg.MinBackoff)
-	}
-	return d
+	g, ok1 := res[0].(int64)
+	n, ok2 := res[1].(int64)
+	return g == 1, n, ok1 && ok2
 }
 
 // undo ends a wait: it deletes the key if owner holds it (a try's reply may
 // have been lost after the SET) and removes member from the queue, passing
 // on the wake-up if the lock is free, with a fresh context bounded by the
 // TTL (after which the key is gone anyway) and a second. If it fails, the
-// key expires, and so does the queue entry (Config.queueLife).
-func (l *Locker) undo(ctx context.Context, n names, owner, member string) {
+// key expires, and so does the waiter's place (Config.queueLife).
+func (l *Locker) undo(ctx context.Context, n waitq.Names, owner, member string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.cfg.TTL, time.Second))
 	defer cancel()
 	_, _ = l.release(ctx, n, owner, member)
 }
 
 // release deletes the key if owner holds it (and removes member, if any,
-// from the queue), then wakes the first waiter in the queue.
-func (l *Locker) release(ctx context.Context, n names, owner, member string) (bool, error) {
-	return releaseScript.Run(ctx, l.client, []string{n.lock, n.waiters}, owner, n.wake, member).Bool()
+// from the queue), then wakes the first waiter in the queue if the lock is
+// free.
+func (l *Locker) release(ctx context.Context, n waitq.Names, owner, member string) (bool, error) {
+	return scripts.Release.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive}, owner, n.Wake, member, "1").Bool()
 }
 
 // grant wraps a granted lock in a lease and starts its watchdog, whose
 // validity runs from sent, the time the acquire script was sent.
-func (l *Locker) grant(ctx context.Context, key string, n names, owner string, token uint64, sent time.Time) (locking.Lease, error) {
+func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner string, token uint64, sent time.Time) (locking.Lease, error) {
 	s := &lease{l: l, key: key, names: n, owner: owner, token: token}
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
@@ -368,7 +333,7 @@ func (l *Locker) forget(s *lease) {
 type lease struct {
 	l        *Locker
 	key      string
-	names    names
+	names    waitq.Names
 	owner    string
 	token    uint64
 	ka       *locking.Keepalive
@@ -380,7 +345,7 @@ func (s *lease) Token() uint64         { return s.token }
 func (s *lease) Lost() <-chan struct{} { return s.ka.Lost() }
 
 func (s *lease) renew(ctx context.Context) error {
-	ok, err := renewScript.Run(ctx, s.l.client, []string{s.names.lock}, s.owner, s.l.ttl).Bool()
+	ok, err := scripts.Renew.Run(ctx, s.l.client, []string{s.names.Lock}, s.owner, s.l.ttl).Bool()
 	switch {
 	case err != nil:
 		return fmt.Errorf("renew %q: %w: %w", s.key, locking.ErrUnavailable, err)
@@ -410,12 +375,4 @@ func (s *lease) Release(ctx context.Context) error {
 		return fmt.Errorf("release %q: %w", s.key, locking.ErrNotHeld)
 	}
 	return nil
-}
-
-// newOwner returns 16 random bytes in hex: owners never repeat, so an owner
-// check cannot mistake another holder, or another try, for this one.
-func newOwner() string {
-	var b [16]byte
-	rand.Read(b[:]) // never fails (crypto/rand, Go 1.24)
-	return hex.EncodeToString(b[:])
 }

@@ -45,14 +45,18 @@ func TestConformance(t *testing.T) {
 			n, err := admin.DBSize(ctx).Result()
 			return fmt.Sprintf("%d Redis keys (a fence counter per lock key ever used)", n), err
 		},
-		// The lock, and the queue entries of waiters.
+		// The lock, and the queue entries and liveness of waiters.
 		Leftovers: func(ctx context.Context, key string) (int, error) {
 			n, err := admin.Exists(ctx, lockKey(key)).Result()
 			if err != nil {
 				return 0, err
 			}
 			q, err := admin.ZCard(ctx, lockKey(key)+":waiters").Result()
-			return int(n + q), err
+			if err != nil {
+				return 0, err
+			}
+			a, err := admin.ZCard(ctx, lockKey(key)+":alive").Result()
+			return int(n + q + a), err
 		},
 	})
 }
@@ -172,4 +176,10 @@ func TestConformanceCluster(t *testing.T) {
 			return n, err
 		},
 	})
+}
+
+// A woken waiter keeps its place: newcomers do not jump the queue.
+func TestFairHandoff(t *testing.T) {
+	addr := testbed.Redis(t)
+	locktest.FairHandoff(t, locktest.Backend{Name: "redis", Config: backends.Config{RedisAddr: addr, TTL: 10 * time.Second}}, 6, 300)
 }

@@ -14,29 +14,29 @@
 // counts only when a majority confirms it before the current validity runs
 // out. Release deletes the key by owner check on every node.
 //
-// Waiting is by notification, as in the redis backend: a refused try also
-// queues the waiter on that node (a sorted set "lock:{k}:waiters", scored by
-// a deadline every try pushes back, so dead waiters' entries expire), and a
-// release, on each node, pops the first live entry there and publishes its
-// name on its Locker's channel "lock:{k}:wake:<locker id>" (one shared
-// subscription connection per node per Locker, see redislock.Notifier).
-// Waiters try on every node at once, so the nodes see the tries in about
-// the same order and mostly wake the same waiter: a release wakes one waiter
-// in the whole system, not one per process, and not one per node. The woken
+// Waiting is by notification, with the redis backend's fair queue
+// (locking/internal/waitq) on every node: a refused try also queues the
+// waiter there, at a place the waiter chose once (the time it began, the
+// same on every node, so every node orders its waiters alike), and a
+// release, on each node, wakes the first live waiter there by a message on
+// its Locker's channel "lock:{k}:wake:<locker id>" (one shared subscription
+// connection per node per Locker). A waiter keeps its place until its try
+// takes the lock, and a newcomer that finds the lock free on a node where a
+// live waiter is queued is refused there: since the nodes order waiters
+// alike, the first waiter gets the freed majority even when a newcomer
+// arrives during its round trip, and waiters are served in order. The woken
 // waiter tries once a majority of nodes has told it (the release has
 // reached enough nodes), or after the time of one attempt; without news it
-// tries when its fallback timer fires, a jittered backoff capped by the
-// time until enough keys expire for a majority. A waiter that gives up
-// leaves every queue and passes the wake-up on where the lock is free.
-// Notification and not polling, because random sleeps (redsync: 50-250 ms)
-// cap a hot key at a few handoffs per second. Any node can tell, so a
-// minority of nodes down does not slow the handoff. After a split vote
-// (several contenders each got some nodes, none a majority) the contenders
-// retry after random delays, growing from the time of one attempt with
-// each split in a row, as the Redlock description asks, so that they do not
-// meet again. (A newcomer, such as the releaser asking again at once, may
-// still take a free lock before the woken waiter: a promise to the woken
-// waiter would stop that, but made every acquisition a slower handoff.)
+// tries when its fallback timer fires, a jittered backoff capped by the time
+// until enough keys expire (or enough first waiters' places lapse) for a
+// majority. A waiter that gives up leaves every queue and passes the
+// wake-up on where the lock is free. Notification and not polling, because
+// random sleeps (redsync: 50-250 ms) cap a hot key at a few handoffs per
+// second. Any node can tell, so a minority of nodes down does not slow the
+// handoff. After a split vote (several contenders each got some nodes, none
+// a majority) the contenders retry after random delays, growing from the
+// time of one attempt with each split in a row, as the Redlock description
+// asks, so that they do not meet again.
 //
 // # Failure modes
 //
@@ -75,9 +75,6 @@ package redlock
 
 import (
 	"context"
-	"crypto/rand"
-	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
@@ -92,7 +89,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/oversold-lab/oversold/locking"
-	"github.com/oversold-lab/oversold/locking/redislock"
+	"github.com/oversold-lab/oversold/locking/internal/waitq"
 )
 
 var _ locking.Locker = (*Locker)(nil)
@@ -100,20 +97,7 @@ var _ locking.Locker = (*Locker)(nil)
 // ErrClosed is returned by Acquire on a closed Locker.
 var ErrClosed = errors.New("redlock: locker closed")
 
-// The renew and release scripts are the redis backend's: the same owner
-// check, per node.
-var (
-	//go:embed acquire.lua
-	acquireLua string
-	//go:embed renew.lua
-	renewLua string
-	//go:embed release.lua
-	releaseLua string
-
-	acquireScript = redis.NewScript(acquireLua)
-	renewScript   = redis.NewScript(renewLua)
-	releaseScript = redis.NewScript(releaseLua)
-)
+var scripts = waitq.Default
 
 // maxUnreachable is how many attempts in a row without answers from a
 // majority make Acquire give up with locking.ErrUnavailable.
@@ -173,7 +157,7 @@ type Locker struct {
 
 type node struct {
 	client   redis.UniversalClient
-	notifier *redislock.Notifier
+	notifier *waitq.Notifier
 }
 
 // New returns a Locker on the given independent masters (not replicas of
@@ -187,7 +171,7 @@ func New(clients []redis.UniversalClient, cfg Config) (*Locker, error) {
 	l := &Locker{
 		quorum: len(clients)/2 + 1,
 		cfg:    cfg,
-		id:     newOwner()[:16],
+		id:     waitq.NewOwner()[:16],
 		ttl:    strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
 		// More than the longest wait between two tries (a split delay,
 		// then a fallback wait): a live waiter's entry does not expire.
@@ -196,7 +180,7 @@ func New(clients []redis.UniversalClient, cfg Config) (*Locker, error) {
 		closing: make(chan struct{}),
 	}
 	for _, c := range clients {
-		l.nodes = append(l.nodes, node{client: c, notifier: redislock.NewNotifier(c)})
+		l.nodes = append(l.nodes, node{client: c, notifier: waitq.NewNotifier(c)})
 	}
 	return l, nil
 }
@@ -211,16 +195,6 @@ func (l *Locker) Ping(ctx context.Context) error {
 		return fmt.Errorf("ping: %d of %d nodes answer, want %d: %w", t.yes, len(l.nodes), l.quorum, t.errs)
 	}
 	return nil
-}
-
-// names are the Redis names of one lock key on every node: the lock, its
-// queue of waiters, and the prefix of the channels that wake them (one per
-// Locker: wake + Locker id).
-type names struct{ lock, waiters, wake string }
-
-func (l *Locker) names(key string) names {
-	lock := l.cfg.Prefix + "{" + key + "}"
-	return names{lock: lock, waiters: lock + ":waiters", wake: lock + ":wake:"}
 }
 
 // vote is one node's answer to one request.
@@ -325,10 +299,13 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	if key == "" {
 		return nil, errors.New("acquire: empty key")
 	}
-	n := l.names(key)
-	owner := newOwner()
-	member := l.id + ":" + owner // our entry in the queues of waiters
-	w := l.newWaiter(n.wake+l.id, member)
+	n := waitq.NamesOf(l.cfg.Prefix, key)
+	owner := waitq.NewOwner()
+	member := waitq.Member(l.id, owner) // our place in the queues
+	// The same place on every node, so that the nodes order their waiters
+	// alike: a waiter first on one node is first on all that have it.
+	place := strconv.FormatInt(time.Now().UnixMicro(), 10)
+	w := &waiter{l: l, Waiter: waitq.NewWaiter(l.notifiers(), n.Wake+l.id, member), timer: time.NewTimer(time.Hour)}
 	defer w.stop()
 	granted := false
 	defer func() {
@@ -342,12 +319,12 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		}
 		sent := time.Now()
 		votes := l.ask(ctx, l.cfg.NodeTimeout, nil, func(ctx context.Context, c redis.UniversalClient) vote {
-			return acquireVote(acquireScript.Run(ctx, c, []string{n.lock, n.waiters}, owner, l.ttl, member, l.life).Slice())
+			return acquireVote(scripts.Acquire.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, owner, l.ttl, member, l.life, place, n.Wake).Slice())
 		})
 		elapsed := time.Since(sent)
 		t := count(votes)
 		if t.yes >= l.quorum && elapsed < l.cfg.TTL-locking.Drift(l.cfg.TTL) {
-			w.drain()
+			w.Drain()
 			granted = true
 			return l.grant(ctx, key, n, owner, member, sent)
 		}
@@ -373,15 +350,10 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 
 // waiter is what one Acquire keeps between its tries.
 type waiter struct {
-	l       *Locker
-	channel string
-	member  string // names the waiter in the queues and its wake-ups
-	queued  bool   // a try was refused: the waiter is in some queues
-	// wake is signalled by release messages from any node, one signal per
-	// node: its buffer has room for one from each.
-	wake    chan struct{}
-	watches []*redislock.Watch
-	timer   *time.Timer
+	*waitq.Waiter
+	l      *Locker
+	queued bool // a try was refused: the waiter is in some queues
+	timer  *time.Timer
 	// splits counts the split votes in a row; unreachable the attempts in
 	// a row that no majority of nodes answered. A refused connection is
 	// known at once, but a dead node may also look merely slow (the
@@ -390,41 +362,17 @@ type waiter struct {
 	splits, unreachable int
 }
 
-func (l *Locker) newWaiter(channel, member string) *waiter {
-	w := &waiter{l: l, channel: channel, member: member, wake: make(chan struct{}, len(l.nodes)), timer: time.NewTimer(time.Hour)}
-	// Already subscribed on every node (the key is hot): a failed try can
-	// wait at once.
-	for _, nd := range l.nodes {
-		watch := nd.notifier.JoinAs(channel, member, w.wake)
-		if watch == nil {
-			for _, watch := range w.watches {
-				watch.Stop()
-			}
-			w.watches = nil
-			break
-		}
-		w.watches = append(w.watches, watch)
+func (l *Locker) notifiers() []*waitq.Notifier {
+	ns := make([]*waitq.Notifier, len(l.nodes))
+	for i, nd := range l.nodes {
+		ns[i] = nd.notifier
 	}
-	return w
+	return ns
 }
 
 func (w *waiter) stop() {
-	for _, watch := range w.watches {
-		watch.Stop()
-	}
+	w.Stop()
 	w.timer.Stop()
-}
-
-// drain drops the pending wake-ups: the next try sees every release told so
-// far, and a grant uses it up (stop would pass it on to another waiter).
-func (w *waiter) drain() {
-	for {
-		select {
-		case <-w.wake:
-		default:
-			return
-		}
-	}
 }
 
 // next waits until the next try is due, after a try that found t.
@@ -451,22 +399,19 @@ func (w *waiter) next(ctx context.Context, attempt int, t tally, elapsed time.Du
 	} else {
 		w.splits = 0
 	}
-	w.timer.Reset(l.backoff(attempt, t.freeIn(l.quorum)))
-	if w.watches == nil {
+	w.timer.Reset(waitq.Backoff(l.cfg.MinBackoff, l.cfg.MaxBackoff, attempt, t.freeIn(l.quorum)))
+	if !w.Subscribed() {
 		// Subscribe on every node, and try again once they confirm (or
 		// the delay ends): a release between the first try and the
 		// subscriptions is not lost.
-		for _, nd := range l.nodes {
-			w.watches = append(w.watches, nd.notifier.WatchAs(w.channel, w.member, w.wake))
-		}
-		for _, watch := range w.watches {
-			if ok, err := w.wait(ctx, watch.Ready()); !ok {
+		for _, ready := range w.Subscribe() {
+			if ok, err := w.wait(ctx, ready); !ok {
 				return err // or the timer fired
 			}
 		}
 		return nil
 	}
-	if ok, err := w.wait(ctx, w.wake); !ok {
+	if ok, err := w.wait(ctx, w.Wake); !ok {
 		return err
 	}
 	// A release reaches the nodes one by one, and each node whose queue
@@ -476,7 +421,7 @@ func (w *waiter) next(ctx context.Context, attempt int, t tally, elapsed time.Du
 	// nodes woke different waiters or some message is late.
 	w.timer.Reset(min(elapsed, l.cfg.NodeTimeout))
 	for heard := 1; heard < l.quorum; heard++ {
-		ok, err := w.wait(ctx, w.wake)
+		ok, err := w.wait(ctx, w.Wake)
 		if err != nil {
 			return err
 		}
@@ -485,7 +430,7 @@ func (w *waiter) next(ctx context.Context, attempt int, t tally, elapsed time.Du
 		}
 	}
 	w.timer.Stop()
-	w.drain()
+	w.Drain()
 	return nil
 }
 
@@ -504,12 +449,13 @@ func (w *waiter) wait(ctx context.Context, c <-chan struct{}) (ok bool, err erro
 	}
 }
 
-// acquireVote reads the acquire script's answer: {1}, or {0, pttl, owner}.
+// acquireVote reads the acquire script's answer: {1, 0}, or {0, ms to wait
+// at most, the holder's owner or ” (free, but another waiter is first)}.
 func acquireVote(res []any, err error) vote {
 	if err != nil {
 		return vote{err: err}
 	}
-	if len(res) == 1 && res[0] == int64(1) {
+	if len(res) == 2 && res[0] == int64(1) {
 		return vote{yes: true}
 	}
 	if len(res) == 3 {
@@ -522,28 +468,13 @@ func acquireVote(res []any, err error) vote {
 	return vote{err: fmt.Errorf("acquire script returned %v", res)}
 }
 
-// backoff is the wait before try number attempt+1: exponential with
-// jitter, capped by freeIn (when enough keys expire), plus a little jitter
-// so that the waiters of several processes do not all come at once.
-func (l *Locker) backoff(attempt int, freeIn time.Duration) time.Duration {
-	d := l.cfg.MaxBackoff
-	if attempt < 30 {
-		d = min(d, l.cfg.MinBackoff<<attempt)
-	}
-	d = d/2 + mrand.N(d/2+1)
-	if freeIn >= 0 && freeIn < d {
-		d = freeIn + mrand.N(l.cfg.MinBackoff)
-	}
-	return d
-}
-
 // undo deletes owner's key from the nodes that did not refuse an attempt
 // (votes; nil = all), at once and with a fresh context. Each node gets the
 // per-node timeout: a node that fails to answer keeps the key for one TTL,
 // and a dead node must not hold up the caller for longer. It wakes nobody:
 // after a split vote the contenders retry by themselves, and a lock held
 // elsewhere is not free.
-func (l *Locker) undo(ctx context.Context, n names, owner string, votes []vote) {
+func (l *Locker) undo(ctx context.Context, n waitq.Names, owner string, votes []vote) {
 	ctx = context.WithoutCancel(ctx)
 	l.release(ctx, l.cfg.NodeTimeout, n, owner, "", false, func(i int) bool { return votes == nil || votes[i].yes || votes[i].err != nil })
 }
@@ -552,7 +483,7 @@ func (l *Locker) undo(ctx context.Context, n names, owner string, votes []vote) 
 // it is still owner's and takes member out of every queue, with a fresh
 // context, and wakes the next waiter where the lock is free (the wake-up of
 // the last release may have come to us). What it cannot reach expires.
-func (l *Locker) leave(ctx context.Context, n names, owner, member string) {
+func (l *Locker) leave(ctx context.Context, n waitq.Names, owner, member string) {
 	ctx = context.WithoutCancel(ctx)
 	l.release(ctx, l.cfg.NodeTimeout, n, owner, member, true, nil)
 }
@@ -560,20 +491,20 @@ func (l *Locker) leave(ctx context.Context, n names, owner, member string) {
 // release deletes owner's key from the nodes (all, or those with only(i))
 // where it is still owner's, drops member (if any) from their queues, and
 // if wake, wakes the first waiter of each node where the lock is free.
-func (l *Locker) release(ctx context.Context, timeout time.Duration, n names, owner, member string, wake bool, only func(int) bool) tally {
+func (l *Locker) release(ctx context.Context, timeout time.Duration, n waitq.Names, owner, member string, wake bool, only func(int) bool) tally {
 	w := "0"
 	if wake {
 		w = "1"
 	}
 	return count(l.ask(ctx, timeout, only, func(ctx context.Context, c redis.UniversalClient) vote {
-		ok, err := releaseScript.Run(ctx, c, []string{n.lock, n.waiters}, owner, n.wake, member, w).Bool()
+		ok, err := scripts.Release.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, owner, n.Wake, member, w).Bool()
 		return vote{yes: ok, err: err}
 	}))
 }
 
 // grant wraps a granted lock in a lease and starts its watchdog, whose
 // validity runs from sent, when the acquire requests were sent.
-func (l *Locker) grant(ctx context.Context, key string, n names, owner, member string, sent time.Time) (locking.Lease, error) {
+func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner, member string, sent time.Time) (locking.Lease, error) {
 	s := &lease{l: l, key: key, names: n, owner: owner, member: member}
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
@@ -628,7 +559,7 @@ func (l *Locker) forget(s *lease) {
 type lease struct {
 	l        *Locker
 	key      string
-	names    names
+	names    waitq.Names
 	owner    string
 	member   string // its waiter's queue entry, left on nodes that refused it
 	ka       *locking.Keepalive
@@ -645,7 +576,7 @@ func (s *lease) Lost() <-chan struct{} { return s.ka.Lost() }
 func (s *lease) renew(ctx context.Context) error {
 	l := s.l
 	t := count(l.ask(ctx, l.cfg.NodeTimeout, nil, func(ctx context.Context, c redis.UniversalClient) vote {
-		ok, err := renewScript.Run(ctx, c, []string{s.names.lock}, s.owner, l.ttl).Bool()
+		ok, err := scripts.Renew.Run(ctx, c, []string{s.names.Lock}, s.owner, l.ttl).Bool()
 		return vote{yes: ok, err: err}
 	}))
 	switch {
@@ -677,12 +608,4 @@ func (s *lease) Release(ctx context.Context) error {
 		return fmt.Errorf("release %q: %w (held on %d of %d nodes)", s.key, locking.ErrNotHeld, t.yes, len(s.l.nodes))
 	}
 	return fmt.Errorf("release %q: %w: released on %d of %d nodes: %w", s.key, locking.ErrUnavailable, t.yes, len(s.l.nodes), t.errs)
-}
-
-// newOwner returns 16 random bytes in hex: owners never repeat, so an owner
-// check cannot mistake another holder, or another try, for this one.
-func newOwner() string {
-	var b [16]byte
-	rand.Read(b[:]) // never fails (crypto/rand, Go 1.24)
-	return hex.EncodeToString(b[:])
 }

@@ -58,13 +58,15 @@ func TestConformance(t *testing.T) {
 				default:
 					owners[owner] = true
 				}
-				// And the queue entries of waiters.
-				waiters, err := c.ZRange(ctx, lockKey(key)+":waiters", 0, -1).Result()
-				if err != nil {
-					return 0, err
-				}
-				for _, w := range waiters {
-					owners["waiter "+w] = true
+				// And the queue entries and liveness of waiters.
+				for _, set := range []string{":waiters", ":alive"} {
+					waiters, err := c.ZRange(ctx, lockKey(key)+set, 0, -1).Result()
+					if err != nil {
+						return 0, err
+					}
+					for _, w := range waiters {
+						owners[set+" "+w] = true
+					}
 				}
 			}
 			return len(owners), nil
@@ -248,4 +250,10 @@ func noLeaks(t *testing.T) {
 			// the first look after its client was closed.
 			goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
 	})
+}
+
+// A woken waiter keeps its place: newcomers do not jump the queue.
+func TestFairHandoff(t *testing.T) {
+	addrs := testbed.Redises(t, 3)
+	locktest.FairHandoff(t, locktest.Backend{Name: "redlock", Config: backends.Config{RedlockAddrs: addrs, TTL: 10 * time.Second}}, 6, 300)
 }

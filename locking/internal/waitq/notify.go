@@ -1,4 +1,4 @@
-package redislock
+package waitq
 
 import (
 	"context"
@@ -31,11 +31,11 @@ const (
 // connection and a SUBSCRIBE round trip for every wait.
 //
 // A release message wakes one watcher of its channel: the watcher whose id
-// is the message (the redis backend names the waiter it hands the lock to),
+// is the message (the release script names the first waiter in the queue),
 // or else the one that has waited longest (Redisson's LockPubSub does the
 // same per JVM): of the waiters in one process only one can win the freed
-// lock, so waking them all would only send the losers back to the server. Whenever a subscription is
-// (re)established, every watcher is woken instead, because messages may have
+// lock, so waking them all would only send the losers back to the server.
+// Whenever a subscription is (re)established, every watcher is woken instead, because messages may have
 // been missed meanwhile. A channel stays subscribed for a while after its
 // last watcher left, so a hot key pays for SUBSCRIBE once, not per wait.
 //

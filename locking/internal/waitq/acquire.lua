@@ -1,0 +1,54 @@
+-- Take the lock if it is free and no live waiter is ahead of the caller;
+-- else queue the caller, keeping the place it already has.
+-- KEYS[1] lock key, KEYS[2] queue (sorted set: member -> place, the time of
+-- first arrival in µs), KEYS[3] liveness (sorted set: member -> deadline in server
+-- ms), KEYS[4] fence counter, or absent (no token), all in one hash slot.
+-- ARGV[1] owner, ARGV[2] ttl in ms, ARGV[3] waiter member, ARGV[4] how long
+-- the waiter stays live without a new try, in ms, ARGV[5] its place if the
+-- caller chooses it (Redlock: the same on every node), '' for the server's
+-- time, ARGV[6] wake channel prefix (a member's Locker id completes it).
+-- Returns {1, token (0 without a counter)} when granted, else
+-- {0, ms to wait at most, holder's owner or ''}: the holder's remaining TTL,
+-- or, when the lock is free but a live waiter is first, the time until that
+-- waiter's place expires if it never comes.
+-- Order and liveness are kept apart: a woken waiter keeps its place while
+-- it makes the round trip, and a newcomer that finds the lock free then
+-- queues behind it instead of taking it (fair handoff). A waiter that stops
+-- trying (dead, or it gave up and could not say so) loses its place when
+-- its liveness deadline passes.
+local ms, t = now()
+local dead = purge(ms)
+local head = redis.call('zrange', KEYS[2], 0, 0)[1]
+if (head == nil or head == ARGV[3]) and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+	if head then
+		redis.call('zrem', KEYS[2], head)
+		redis.call('zrem', KEYS[3], head)
+	end
+	if KEYS[4] then
+		return {1, redis.call('incr', KEYS[4])}
+	end
+	return {1, 0}
+end
+local life = tonumber(ARGV[4])
+local place = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if ARGV[5] ~= '' then
+	place = tonumber(ARGV[5])
+end
+redis.call('zadd', KEYS[2], 'NX', place, ARGV[3])
+redis.call('zadd', KEYS[3], ms + life, ARGV[3])
+for i = 2, 3 do
+	if redis.call('pttl', KEYS[i]) < life then
+		redis.call('pexpire', KEYS[i], life)
+	end
+end
+local holder = redis.call('get', KEYS[1])
+if holder then
+	return {0, redis.call('pttl', KEYS[1]), holder}
+end
+-- Free, and a live waiter is first. If it only now became first (the ones
+-- ahead of it died), nobody has told it yet.
+head = redis.call('zrange', KEYS[2], 0, 0)[1]
+if dead > 0 then
+	wake(ARGV[6], head)
+end
+return {0, redis.call('zscore', KEYS[3], head) - ms, ''}

@@ -1,0 +1,108 @@
+// Package waitq is the waiter queue and wake-up shared by the redis and
+// redlock backends: the Lua scripts that grant, renew and release a lock key
+// on one Redis server while keeping a fair queue of its waiters, and the
+// Notifier that carries the wake-ups to the waiting goroutines.
+//
+// # The queue
+//
+// A refused try queues its waiter on the server, in the same script: the
+// sorted set "<lock>:waiters" keeps the order of first arrival (a place a
+// later try never changes), and "<lock>:alive" the waiter's liveness
+// deadline, which every try pushes back. Order and liveness are apart, so a
+// waiter keeps its place while it waits and while it makes the round trip
+// after its wake-up; only when it stops trying (it died, or gave up and
+// could not say so) does its deadline pass and its place go. A release wakes
+// the first live waiter, without taking it out of the queue, and a try that
+// finds the lock free takes it only if no live waiter is ahead: a newcomer
+// that arrives during the woken waiter's round trip queues behind it instead
+// of taking the lock (fair handoff; Redisson's FairLock is fair the same
+// way). A waiter that gives up leaves the queue and, if the lock is free,
+// passes the wake-up on, in one script.
+//
+// The wake-up is a message on "<lock>:wake:<locker id>" whose payload names
+// the waiter: one Notifier per Redis server and process subscribes to its
+// Locker's channels and wakes that waiter alone.
+package waitq
+
+import (
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	mrand "math/rand/v2"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed queue.lua
+	queueLua string
+	//go:embed acquire.lua
+	acquireLua string
+	//go:embed renew.lua
+	renewLua string
+	//go:embed release.lua
+	releaseLua string
+)
+
+// Scripts are the three scripts of a lock key. A backend keeps its own copy
+// (Default), so that its tests can swap one for a broken variant.
+type Scripts struct {
+	// Acquire: KEYS lock, queue, alive[, fence]; ARGV owner, ttl ms,
+	// member, life ms, place in µs ('' = the server's time), wake prefix. Returns
+	// {1, token} or {0, ms to wait at most, holder}.
+	Acquire *redis.Script
+	// Renew: KEYS lock; ARGV owner, ttl ms. Returns 1 if extended.
+	Renew *redis.Script
+	// Release: KEYS lock, queue, alive; ARGV owner, wake prefix, member
+	// giving up or '', '1' to wake the first waiter. Returns 1 if released.
+	Release *redis.Script
+}
+
+// Default are the owner-checked scripts with the fair queue.
+var Default = Scripts{
+	Acquire: redis.NewScript(queueLua + acquireLua),
+	Renew:   redis.NewScript(renewLua),
+	Release: redis.NewScript(queueLua + releaseLua),
+}
+
+// Names are the Redis names of one lock key, all in the hash slot of {key}:
+// the lock, its fence counter, its queue and the liveness of its waiters,
+// and the prefix of the channels that wake them (one per Locker: Wake +
+// Locker id).
+type Names struct{ Lock, Fence, Queue, Alive, Wake string }
+
+// NamesOf returns the names of key's lock under prefix.
+func NamesOf(prefix, key string) Names {
+	lock := prefix + "{" + key + "}"
+	return Names{Lock: lock, Fence: lock + ":fence", Queue: lock + ":waiters", Alive: lock + ":alive", Wake: lock + ":wake:"}
+}
+
+// Member names a waiter in the queue and in its wake-up: its Locker's id
+// (which names the channel), then its own owner value.
+func Member(lockerID, owner string) string { return lockerID + ":" + owner }
+
+// NewOwner returns 16 random bytes in hex: owners never repeat, so an owner
+// check cannot mistake another holder, or another try, for this one.
+func NewOwner() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand, Go 1.24)
+	return hex.EncodeToString(b[:])
+}
+
+// Backoff is a waiter's fallback wait before try number attempt+1, for when
+// no wake-up comes: exponential from lo to hi, with jitter (so waiters of
+// several processes do not retry in step), and capped by limit, when the
+// lock is sure to be free or the first waiter's place to expire (negative:
+// unknown).
+func Backoff(lo, hi time.Duration, attempt int, limit time.Duration) time.Duration {
+	d := hi
+	if attempt < 30 {
+		d = min(d, lo<<attempt)
+	}
+	d = d/2 + mrand.N(d/2+1)
+	if limit >= 0 && limit < d {
+		d = limit + mrand.N(lo)
+	}
+	return d
+}
