@@ -146,6 +146,8 @@ type Locker struct {
 	sess   *session
 	closed bool
 	bg     sync.WaitGroup // watchers and cleanups under way
+
+	afterGrant func() // a test's hook between a grant and its publication
 }
 
 // session is one etcd lease, renewed by a locking.Keepalive.
@@ -208,7 +210,9 @@ func (l *Locker) keepStream() {
 }
 
 // Close revokes the session, which deletes every key it holds; held leases
-// are lost. It waits for the Locker's goroutines.
+// are lost. It waits for a grant under way (bounded like every grant), so
+// that a session granted while it closes is revoked too, not left renewed
+// by nobody's keepalive, and for the Locker's goroutines.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -216,23 +220,25 @@ func (l *Locker) Close() error {
 		return nil
 	}
 	l.closed = true
-	sess := l.sess
 	l.stop() // lease watchers mark their leases lost and end
 	l.mu.Unlock()
+
+	l.grant <- struct{}{} // a grant under way publishes its session first
+	l.mu.Lock()
+	sess := l.sess
+	l.mu.Unlock()
+	<-l.grant // later grants see closed
 
 	var err error
 	if sess != nil {
 		sess.ka.Stop()
-		select {
-		case <-sess.ka.Lost(): // lost before: nothing to revoke
-		default:
-			sess.ka.MarkLost()
-			ctx, cancel := context.WithTimeout(context.Background(), sess.ttl)
-			if _, rerr := l.cli.Revoke(ctx, sess.id); rerr != nil && !errors.Is(rerr, rpctypes.ErrLeaseNotFound) {
-				err = fmt.Errorf("etcdlock: close: revoke: %w", rerr)
-			}
-			cancel()
+		sess.ka.MarkLost()
+		// Even a session lost to us may live on the server until its TTL.
+		ctx, cancel := context.WithTimeout(context.Background(), sess.ttl)
+		if _, rerr := l.cli.Revoke(ctx, sess.id); rerr != nil && !errors.Is(rerr, rpctypes.ErrLeaseNotFound) {
+			err = fmt.Errorf("etcdlock: close: revoke: %w", rerr)
 		}
+		cancel()
 	}
 	l.bg.Wait()
 	return err
@@ -281,14 +287,22 @@ func (l *Locker) session(ctx context.Context) (*session, error) {
 		}
 		return err
 	}, onFail)
-	if !l.spawn(func() { l.watchSession(s) }) { // closed meanwhile
-		s.ka.Stop()
-		l.cli.Revoke(gctx, s.id)
+	if l.afterGrant != nil {
+		l.afterGrant()
+	}
+	// Published even when Close came meanwhile: Close waits for this grant
+	// and revokes what it finds in l.sess.
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sess = s
+	if l.closed {
 		return nil, errClosed
 	}
-	l.mu.Lock()
-	l.sess = s
-	l.mu.Unlock()
+	l.bg.Add(1)
+	go func() {
+		defer l.bg.Done()
+		l.watchSession(s)
+	}()
 	return s, nil
 }
 

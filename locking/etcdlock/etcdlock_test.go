@@ -424,3 +424,62 @@ func TestCompactionBoundsDatabase(t *testing.T) {
 			defragged.DbSize, before.DbSize, n)
 	}
 }
+
+// A session granted while Close runs must be revoked by it, not left on the
+// server renewed by a keepalive nobody stops. The hook holds a grant open
+// until Close has begun.
+func TestCloseRevokesSessionGrantedMeanwhile(t *testing.T) {
+	srv := locktest.PrivateServer(t, testbed.StartEtcd)
+	endpoints := []string{srv.Addr}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	l, err := etcdlock.New(t.Context(), cli, etcdlock.Config{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	// Lose the first session, so that the next Acquire grants another.
+	held, err := l.Acquire(t.Context(), "sku/close")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases, err := cli.Leases(t.Context())
+	if err != nil || len(leases.Leases) != 1 {
+		t.Fatalf("leases = %v, %v; want the session's", leases, err)
+	}
+	if _, err := cli.Revoke(t.Context(), leases.Leases[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held.Lost():
+	case <-time.After(ttl + 5*time.Second):
+		t.Fatal("Lost still open after the session lease was revoked")
+	}
+	closed := make(chan error, 1)
+	etcdlock.AfterGrant(l, func() {
+		go func() { closed <- l.Close() }()
+		time.Sleep(200 * time.Millisecond) // Close is under way meanwhile
+	})
+	if lease, err := l.Acquire(t.Context(), "sku/close"); err == nil {
+		lease.Release(t.Context())
+		t.Error("Acquire granted a lease while the Locker closed")
+	}
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	// Beyond a renewal period, so a session still renewed would show.
+	time.Sleep(ttl / 2)
+	if leases, err := cli.Leases(t.Context()); err != nil {
+		t.Fatal(err)
+	} else if len(leases.Leases) != 0 {
+		t.Errorf("%d leases left on the server after Close", len(leases.Leases))
+	}
+}

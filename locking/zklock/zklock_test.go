@@ -419,3 +419,106 @@ func TestCancelWhileServerPaused(t *testing.T) {
 		Leftovers: queueLength(servers),
 	}, srv)
 }
+
+// A Release whose deletes keep failing must not give up while the session
+// lives: a node left behind would hold the key until the holder's process
+// ends. The connection breaks in place of sending each of the first six
+// deletes (more than Release's own five tries); the seventh, from the
+// background, must land, and a waiter then gets the key while the holder's
+// session (another of its leases) lives on.
+func TestReleaseRetriesUntilDeleted(t *testing.T) {
+	servers := testbed.ZooKeeper(t)
+	var failures atomic.Int32
+	dial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		return &failDeletes{Conn: c, n: &failures}, nil
+	}
+	const timeout = 10 * time.Second // outlives six reconnects
+	holder, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: timeout, Dialer: dial})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	rival, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rival.Close()
+	key, witness := testbed.Prefix(t)+"/sku", testbed.Prefix(t)+"/witness"
+	held, err := holder.Acquire(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := holder.Acquire(t.Context(), witness) // dies with the session only
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		lease, err := rival.Acquire(ctx, key)
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		granted <- err
+	}()
+	count := queueLength(servers)
+	waitFor(t, func() bool { n, err := count(t.Context(), key); return err == nil && n == 2 })
+
+	failures.Store(6)
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	err = held.Release(ctx)
+	t.Logf("Release returned %v after %v", err, time.Since(began).Round(time.Millisecond))
+	select {
+	case err := <-granted:
+		if err != nil {
+			t.Fatalf("rival: %v", err)
+		}
+		t.Logf("the rival got the key %v after the Release began", time.Since(began).Round(time.Millisecond))
+	case <-time.After(30 * time.Second):
+		t.Fatal("the rival still waits 30s after the Release began: the holder's node was left behind")
+	}
+	if n := failures.Load(); n > 0 {
+		t.Fatalf("only %d deletes were sent: the test proves nothing", 6-n)
+	}
+	if n, err := count(t.Context(), witness); err != nil || n != 1 {
+		t.Fatalf("the holder's other node: %d, %v; its session ended, which frees the key by itself", n, err)
+	}
+	if err := other.Release(t.Context()); err != nil {
+		t.Error(err)
+	}
+}
+
+// failDeletes breaks the connection in place of sending a delete request,
+// while *n is above zero (one fewer each time). go-zookeeper writes one
+// whole packet per Write: length, xid, opcode.
+type failDeletes struct {
+	net.Conn
+	n *atomic.Int32
+}
+
+const opDelete = 2
+
+func (c *failDeletes) Write(p []byte) (int, error) {
+	if len(p) >= 12 && int32(binary.BigEndian.Uint32(p[8:])) == opDelete && c.n.Add(-1) >= 0 {
+		c.Conn.Close()
+		return 0, errors.New("delete dropped")
+	}
+	return c.Conn.Write(p)
+}
+
+// waitFor polls ok for up to 10s.
+func waitFor(t *testing.T, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+	}
+}
