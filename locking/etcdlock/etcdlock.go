@@ -82,7 +82,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -93,6 +92,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/internal/background"
 )
 
 var _ locking.Locker = (*Locker)(nil)
@@ -138,14 +138,11 @@ type Locker struct {
 
 	grant chan struct{} // one grant of a new session at a time
 
-	ctx  context.Context // cancelled by Close
-	stop context.CancelFunc
-	done <-chan struct{} // ctx.Done()
+	bg *background.Group // watchers and cleanups under way; its context ends with Close
 
 	mu     sync.Mutex
 	sess   *session
 	closed bool
-	bg     sync.WaitGroup // watchers and cleanups under way
 
 	afterGrant func() // a test's hook between a grant and its publication
 }
@@ -178,14 +175,12 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Locker, error)
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
-	l := &Locker{cli: cli, cfg: cfg, grant: make(chan struct{}, 1)}
-	l.ctx, l.stop = context.WithCancel(context.Background())
-	l.done = l.ctx.Done()
+	l := &Locker{cli: cli, cfg: cfg, grant: make(chan struct{}, 1), bg: background.New()}
 	if _, err := l.session(ctx); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("etcdlock: %w", err)
 	}
-	l.spawn(l.keepStream)
+	l.bg.Go(l.keepStream)
 	return l, nil
 }
 
@@ -201,9 +196,9 @@ func (l *Locker) watchCtx(ctx context.Context) context.Context {
 // a new stream; with it, a watch costs one request on a stream already open.
 func (l *Locker) keepStream() {
 	for try := 0; ; try++ {
-		for range l.cli.Watch(l.watchCtx(l.ctx), l.cfg.Prefix) {
+		for range l.cli.Watch(l.watchCtx(l.bg.Context()), l.cfg.Prefix) {
 		}
-		if !l.sleep(l.ctx, backoff(try)) {
+		if !l.bg.Sleep(l.bg.Context(), background.Backoff(try)) {
 			return
 		}
 	}
@@ -220,7 +215,7 @@ func (l *Locker) Close() error {
 		return nil
 	}
 	l.closed = true
-	l.stop() // lease watchers mark their leases lost and end
+	l.bg.Close() // lease watchers mark their leases lost and end
 	l.mu.Unlock()
 
 	l.grant <- struct{}{} // a grant under way publishes its session first
@@ -298,11 +293,7 @@ func (l *Locker) session(ctx context.Context) (*session, error) {
 	if l.closed {
 		return nil, errClosed
 	}
-	l.bg.Add(1)
-	go func() {
-		defer l.bg.Done()
-		l.watchSession(s)
-	}()
+	l.bg.Go(func() { l.watchSession(s) }) // not closed: cannot refuse
 	return s, nil
 }
 
@@ -312,7 +303,7 @@ func (l *Locker) watchSession(s *session) {
 	select {
 	case <-s.ka.Lost():
 		s.cancel() // first: the leases' Lost must not wait for the revoke
-	case <-l.done:
+	case <-l.bg.Done():
 		s.cancel()
 		return // Close revokes
 	}
@@ -352,7 +343,7 @@ func (l *Locker) acquire(ctx context.Context, key, pfx string) (*lease, error) {
 	}
 	s, err := l.wait(ctx, sess, key, pfx, me, q)
 	if err != nil {
-		l.spawn(func() { l.remove(ctx, sess, me, q.rev) })
+		l.bg.Go(func() { l.remove(ctx, sess, me, q.rev) })
 	}
 	return s, err
 }
@@ -374,7 +365,7 @@ func (l *Locker) enqueue(ctx context.Context, sess *session, pfx, me string) (qu
 		err error
 	}
 	res := make(chan result, 1)
-	if !l.spawn(func() {
+	if !l.bg.Go(func() {
 		q, err := l.create(context.WithoutCancel(ctx), sess, pfx, me)
 		res <- result{q, err}
 	}) {
@@ -383,11 +374,11 @@ func (l *Locker) enqueue(ctx context.Context, sess *session, pfx, me string) (qu
 	select {
 	case r := <-res:
 		if r.err != nil {
-			l.spawn(func() { l.remove(ctx, sess, me, 0) })
+			l.bg.Go(func() { l.remove(ctx, sess, me, 0) })
 		}
 		return r.q, r.err
 	case <-ctx.Done():
-		l.spawn(func() {
+		l.bg.Go(func() {
 			r := <-res
 			l.remove(ctx, sess, me, r.q.rev)
 		})
@@ -400,7 +391,7 @@ func (l *Locker) enqueue(ctx context.Context, sess *session, pfx, me string) (qu
 func (l *Locker) create(ctx context.Context, sess *session, pfx, me string) (queued, error) {
 	ctx, cancel := context.WithTimeout(ctx, sess.ttl)
 	defer cancel()
-	defer context.AfterFunc(l.ctx, cancel)()
+	defer context.AfterFunc(l.bg.Context(), cancel)()
 	head := clientv3.OpGet(pfx, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)
 	var err error
 	for try := range tries {
@@ -423,12 +414,12 @@ func (l *Locker) create(ctx context.Context, sess *session, pfx, me string) (que
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			sess.ka.MarkLost() // the next session() grants a new one
 			return queued{}, errRequeue
-		case l.isClosed():
+		case l.bg.Closed():
 			return queued{}, errClosed
 		case ctx.Err() != nil:
 			return queued{}, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
 		}
-		if !l.sleep(ctx, backoff(try)) {
+		if !l.bg.Sleep(ctx, background.Backoff(try)) {
 			break
 		}
 	}
@@ -445,7 +436,7 @@ func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	defer context.AfterFunc(sess.ctx, cancel)()
-	defer context.AfterFunc(l.ctx, cancel)()
+	defer context.AfterFunc(l.bg.Context(), cancel)()
 
 	var failing time.Time // since when requests fail: etcd unreachable
 	for try := 0; ; try++ {
@@ -472,7 +463,7 @@ func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string
 			return nil, parent.Err()
 		case sess.ctx.Err() != nil:
 			return nil, errRequeue
-		case l.isClosed():
+		case l.bg.Closed():
 			return nil, errClosed
 		}
 		if failing.IsZero() {
@@ -480,7 +471,7 @@ func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string
 		} else if time.Since(failing) > sess.ttl {
 			return nil, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
 		}
-		l.sleep(ctx, backoff(try))
+		l.bg.Sleep(ctx, background.Backoff(try))
 	}
 }
 
@@ -530,11 +521,11 @@ func (l *Locker) waitDelete(ctx context.Context, key string) error {
 // case on a hot key, costs no watch at all (a watch is a request the client
 // waits for, and a new gRPC stream when none is open).
 func (l *Locker) hold(sess *session, key, me string, rev, seen int64) (*lease, error) {
-	if l.isClosed() {
+	if l.bg.Closed() {
 		return nil, errClosed
 	}
 	s := &lease{locker: l, sess: sess, key: key, me: me, rev: rev, lost: make(chan struct{})}
-	s.unlost = []func() bool{context.AfterFunc(sess.ctx, s.markLost), context.AfterFunc(l.ctx, s.markLost)}
+	s.unlost = []func() bool{context.AfterFunc(sess.ctx, s.markLost), context.AfterFunc(l.bg.Context(), s.markLost)}
 	s.timer = time.AfterFunc(watchDelay, func() { s.startWatch(seen) })
 	return s, nil
 }
@@ -549,13 +540,13 @@ func (s *lease) startWatch(seen int64) {
 	}
 	ctx, cancel := context.WithCancel(l.watchCtx(context.Background()))
 	stopped := make(chan struct{})
-	if !l.spawn(func() {
+	if !l.bg.Go(func() {
 		defer close(stopped)
 		defer cancel()
 		// Watch waits for the server: the end of the session or of the
 		// Locker ends that wait too (and Lost closes then anyway).
 		defer context.AfterFunc(s.sess.ctx, cancel)()
-		defer context.AfterFunc(l.ctx, cancel)()
+		defer context.AfterFunc(l.bg.Context(), cancel)()
 		s.watch(l.cli.Watch(ctx, s.me, clientv3.WithRev(seen+1), clientv3.WithFilterPut()))
 	}) {
 		cancel()
@@ -566,68 +557,23 @@ func (s *lease) startWatch(seen int64) {
 
 // remove deletes our key in the background (fenced by its create revision
 // when known; the name is ours alone either way), until it is gone, the
-// session is, or the Locker closes. Each try has a fresh bounded context
-// that keeps only ctx's values.
+// session is (the lease expires or is revoked, and our key with it), or the
+// Locker closes. Each try has a fresh bounded context that keeps only ctx's
+// values.
 func (l *Locker) remove(ctx context.Context, sess *session, me string, rev int64) {
 	cmp := clientv3.Compare(clientv3.CreateRevision(me), "=", rev)
 	if rev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(me), ">", 0)
 	}
-	for try := 0; ; try++ {
+	l.bg.Remove(func() bool {
 		if sess.ctx.Err() != nil {
-			return // the lease expires or is revoked, and our key with it
+			return true
 		}
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sess.ttl)
+		defer cancel()
 		_, err := l.cli.Txn(tctx).If(cmp).Then(clientv3.OpDelete(me)).Commit()
-		cancel()
-		if err == nil || !l.sleep(context.Background(), backoff(try)) {
-			return
-		}
-	}
-}
-
-// spawn runs f on a goroutine that Close waits for; false after Close.
-func (l *Locker) spawn(f func()) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return false
-	}
-	l.bg.Add(1)
-	go func() {
-		defer l.bg.Done()
-		f()
-	}()
-	return true
-}
-
-func (l *Locker) isClosed() bool {
-	select {
-	case <-l.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// sleep waits d; false if ctx ended or the Locker closed meanwhile.
-func (l *Locker) sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-l.done:
-		return false
-	}
-}
-
-// backoff is a jittered exponential delay from 25 ms up to 1 s.
-func backoff(try int) time.Duration {
-	d := min(25*time.Millisecond<<min(try, 6), time.Second)
-	return d/2 + mrand.N(d/2)
+		return err == nil
+	})
 }
 
 // releaseFailed is the error of a Release that could not reach etcd: the
@@ -715,7 +661,7 @@ func (s *lease) Release(ctx context.Context) error {
 		<-stopped
 	}
 	l := s.locker
-	if l.isClosed() {
+	if l.bg.Closed() {
 		return notHeld // Close revoked the session and deleted the key
 	}
 	retried := false
@@ -727,13 +673,13 @@ func (s *lease) Release(ctx context.Context) error {
 		case err == nil:
 			s.markLost()
 			return notHeld
-		case ctx.Err() != nil, try == tries-1, l.isClosed():
+		case ctx.Err() != nil, try == tries-1, l.bg.Closed():
 			// Stop waiting, not deleting: a key left behind would hold the
 			// lock for as long as the session lives.
-			l.spawn(func() { l.remove(ctx, s.sess, s.me, s.rev) })
+			l.bg.Go(func() { l.remove(ctx, s.sess, s.me, s.rev) })
 			return releaseFailed(s.key, s.lost, err)
 		}
 		retried = true
-		l.sleep(ctx, backoff(try))
+		l.bg.Sleep(ctx, background.Backoff(try))
 	}
 }

@@ -90,7 +90,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"net"
 	"net/url"
 	"strconv"
@@ -102,6 +101,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/internal/background"
 )
 
 var _ locking.Locker = (*Locker)(nil)
@@ -159,11 +159,11 @@ type Locker struct {
 	connOnce  sync.Once
 	drained   chan struct{} // closed when go-zookeeper closes its event channel: its goroutines are gone
 
+	bg *background.Group // requests and cleanups under way
+
 	mu     sync.Mutex
 	leases map[string]*lease // held leases by node path
 	closed bool
-	done   chan struct{}  // closed by Close
-	bg     sync.WaitGroup // requests and cleanups under way
 }
 
 // New connects to the servers and waits, within ctx, for a session. The
@@ -186,7 +186,7 @@ func New(ctx context.Context, servers []string, cfg Config) (*Locker, error) {
 		connected: make(chan struct{}),
 		drained:   make(chan struct{}),
 		leases:    make(map[string]*lease),
-		done:      make(chan struct{}),
+		bg:        background.New(),
 	}
 	if l.log == nil {
 		l.log = slog.Default()
@@ -242,8 +242,8 @@ func (l *Locker) Close() error {
 		held = append(held, s)
 	}
 	clear(l.leases)
-	close(l.done)
 	l.mu.Unlock()
+	l.bg.Close()
 
 	for _, s := range held {
 		s.ka.Stop()
@@ -281,7 +281,7 @@ func (l *Locker) acquire(ctx context.Context, key, parent string) (*lease, error
 	}
 	s, err := l.wait(ctx, key, parent, path)
 	if err != nil && !errors.Is(err, errVanished) {
-		l.spawn(func() { l.remove(path, session) })
+		l.bg.Go(func() { l.remove(path, session) })
 	}
 	return s, err
 }
@@ -297,7 +297,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string) (string, int64, err
 		err     error
 	}
 	res := make(chan created, 1)
-	if !l.spawn(func() {
+	if !l.bg.Go(func() {
 		path, err := l.create(parent, guid)
 		res <- created{path, l.conn.SessionID(), err}
 	}) {
@@ -306,7 +306,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string) (string, int64, err
 	select {
 	case r := <-res:
 		if r.err != nil {
-			l.spawn(func() { l.removeGUID(parent, guid) })
+			l.bg.Go(func() { l.removeGUID(parent, guid) })
 			if !errors.Is(r.err, locking.ErrUnavailable) {
 				r.err = fmt.Errorf("%w: create: %w", locking.ErrUnavailable, r.err)
 			}
@@ -314,7 +314,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string) (string, int64, err
 		}
 		return r.path, r.session, nil
 	case <-ctx.Done():
-		l.spawn(func() {
+		l.bg.Go(func() {
 			if r := <-res; r.err == nil {
 				l.remove(r.path, r.session)
 			} else {
@@ -337,7 +337,7 @@ func (l *Locker) create(parent, guid string) (string, error) {
 				return path, nil
 			}
 			if err != nil {
-				if !l.sleep(backoff(try)) {
+				if !l.bg.Sleep(context.Background(), background.Backoff(try)) {
 					return "", errClosed
 				}
 				continue // still unknown
@@ -356,11 +356,11 @@ func (l *Locker) create(parent, guid string) (string, error) {
 			}
 		case errors.Is(err, zk.ErrSessionExpired):
 			// A node of the expired session is gone with it.
-		case l.isClosed():
+		case l.bg.Closed():
 			return "", errClosed
 		case ambiguous(err):
 			search = true
-			if !l.sleep(backoff(try)) {
+			if !l.bg.Sleep(context.Background(), background.Backoff(try)) {
 				return "", errClosed
 			}
 		default:
@@ -459,7 +459,7 @@ func (l *Locker) wait(ctx context.Context, key, parent, path string) (*lease, er
 				return errRetry
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-l.done:
+			case <-l.bg.Done():
 				return errClosed
 			}
 		}()
@@ -482,7 +482,7 @@ func (l *Locker) wait(ctx context.Context, key, parent, path string) (*lease, er
 		} else if time.Since(failing) > l.SessionTimeout() {
 			return nil, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
 		}
-		if !l.sleepCtx(ctx, backoff(try)) {
+		if !l.bg.Sleep(ctx, background.Backoff(try)) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -503,7 +503,7 @@ type existsResult struct {
 // existsW sends ExistsW on path in the background; nil after Close.
 func (l *Locker) existsW(path string) <-chan existsResult {
 	res := make(chan existsResult, 1)
-	if !l.spawn(func() {
+	if !l.bg.Go(func() {
 		ok, st, deleted, err := l.conn.ExistsW(path)
 		if err == nil && !ok {
 			err = errVanished
@@ -592,75 +592,35 @@ func (l *Locker) onEvent(ev zk.Event) {
 }
 
 // remove deletes a node of ours in the background, until it is gone, its
-// session is, or the Locker closes.
+// session is (an ephemeral node ends with its session), or the Locker
+// closes.
 func (l *Locker) remove(path string, session int64) {
-	for try := 0; ; try++ {
+	l.bg.Remove(func() bool {
 		if l.conn.SessionID() != session {
-			return // an ephemeral node ends with its session
+			return true
 		}
 		err := l.conn.Delete(path, -1)
-		if err == nil || errors.Is(err, zk.ErrNoNode) || !l.sleep(backoff(try)) {
-			return
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
+			l.log.Debug("zklock: delete failed", "path", path, "err", err)
+			return false
 		}
-		l.log.Debug("zklock: delete failed", "path", path, "err", err)
-	}
+		return true
+	})
 }
 
 // removeGUID deletes our node after a create whose outcome is unknown.
 func (l *Locker) removeGUID(parent, guid string) {
-	for try := 0; ; try++ {
+	l.bg.Remove(func() bool {
 		session := l.conn.SessionID()
 		path, err := l.find(parent, guid)
-		if err == nil {
-			if path != "" {
-				l.remove(path, session)
-			}
-			return
+		if err != nil {
+			return false
 		}
-		if !l.sleep(backoff(try)) {
-			return
+		if path != "" {
+			l.remove(path, session)
 		}
-	}
-}
-
-// spawn runs f on a goroutine that Close waits for; false after Close.
-func (l *Locker) spawn(f func()) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return false
-	}
-	l.bg.Add(1)
-	go func() {
-		defer l.bg.Done()
-		f()
-	}()
-	return true
-}
-
-func (l *Locker) isClosed() bool {
-	select {
-	case <-l.done:
 		return true
-	default:
-		return false
-	}
-}
-
-// sleep waits d; false if the Locker closed meanwhile.
-func (l *Locker) sleep(d time.Duration) bool { return l.sleepCtx(context.Background(), d) }
-
-func (l *Locker) sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-l.done:
-		return false
-	}
+	})
 }
 
 // call runs a go-zookeeper request until it answers or ctx ends. The client
@@ -676,7 +636,7 @@ func call[T any](ctx context.Context, l *Locker, op func() (T, error)) (T, error
 		err error
 	}
 	res := make(chan result, 1)
-	if !l.spawn(func() {
+	if !l.bg.Go(func() {
 		v, err := op()
 		res <- result{v, err}
 	}) {
@@ -741,12 +701,6 @@ func newGUID() string {
 	var b [16]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// backoff is a jittered exponential delay from 25 ms up to 1 s.
-func backoff(try int) time.Duration {
-	d := min(25*time.Millisecond<<min(try, 6), time.Second)
-	return d/2 + mrand.N(d/2)
 }
 
 // zkLogger forwards go-zookeeper's log at debug level, and reads the
@@ -853,12 +807,12 @@ func (s *lease) Release(ctx context.Context) error {
 		case ctx.Err() != nil, try == tries-1, errors.Is(err, errClosed):
 			// Stop waiting, not deleting: a node left behind would hold the
 			// key for as long as the session lives.
-			l.spawn(func() { l.remove(s.path, s.session) })
+			l.bg.Go(func() { l.remove(s.path, s.session) })
 			return s.releaseFailed(err)
 		}
 		retried = true
-		if !l.sleepCtx(ctx, backoff(try)) {
-			l.spawn(func() { l.remove(s.path, s.session) })
+		if !l.bg.Sleep(ctx, background.Backoff(try)) {
+			l.bg.Go(func() { l.remove(s.path, s.session) })
 			return s.releaseFailed(err)
 		}
 	}
