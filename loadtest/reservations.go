@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,7 @@ const WorkloadReservations = "reservations"
 
 const (
 	reservationsTable = "reservations"
+	movesTable        = "reservation_moves"
 	// checkoutTTL is each hold's ttl_seconds, and checkoutSweep the
 	// replicas' OVERSOLD_SWEEP_INTERVAL in a reservations run.
 	checkoutTTL   = 2 * time.Second
@@ -219,8 +221,16 @@ type ReservationInvariants struct {
 	ReservedLeft int
 	// DoubleSettled counts reservations settled more than once: orders
 	// of a reservation that is not confirmed (confirmed and given back),
-	// or more orders than lines.
+	// more orders than lines, or in the ledger (reservation_moves) more
+	// give-backs or confirms than holds, or both a give-back and a confirm.
 	DoubleSettled int
+	// LedgerMismatch is the stock, reserved and sold quantity of the SKUs
+	// that the ledger does not explain: Σ |stock - (set + Σ stock moves)| +
+	// |reserved - Σ reserved moves| + |sold - Σ confirmed|. A guarded
+	// write from a stale read (guard none) changes a row by another amount
+	// than its transition meant, a double give-back in effect, which the
+	// sum stock + reserved + sold alone may not show.
+	LedgerMismatch int
 	// StuckHolds counts holds still held, or expired later than, their
 	// expires_at + sweep + grace.
 	StuckHolds int
@@ -285,8 +295,12 @@ func CheckReservations(ctx context.Context, db *sql.DB, skus []string, initial i
 		inv.LostUpdates += abs(initial - x.stock - x.reserved - x.sold)
 	}
 
-	// The run's reservations: the ones whose lines name its SKUs. Ids
-	// acknowledged are looked up one by one below; this pass reads them all.
+	doubly, err := checkLedger(ctx, db, skus, initial, &inv)
+	if err != nil {
+		return inv, err
+	}
+
+	// The reservations acknowledged, one by one.
 	all := map[string]*checkedHold{}
 	grace := (sweep + settleGrace).Microseconds()
 	for _, id := range held {
@@ -314,7 +328,7 @@ func CheckReservations(ctx context.Context, db *sql.DB, skus []string, initial i
 		if r.stuck {
 			inv.StuckHolds++
 		}
-		if (r.status != "confirmed" && r.orders > 0) || r.orders > r.lines {
+		if ((r.status != "confirmed" && r.orders > 0) || r.orders > r.lines) && !doubly[id] {
 			inv.DoubleSettled++
 		}
 	}
@@ -323,7 +337,7 @@ func CheckReservations(ctx context.Context, db *sql.DB, skus []string, initial i
 			inv.LostAcks++ // a confirm acknowledged that MySQL does not hold
 		}
 	}
-	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM (SELECT idempotency_key FROM "+reservationsTable+
+	err = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM (SELECT idempotency_key FROM "+reservationsTable+
 		" WHERE idempotency_key IN (SELECT idempotency_key FROM "+reservationsTable+" WHERE id IN "+placeholdersOrNull(held)+")"+
 		" GROUP BY idempotency_key HAVING COUNT(*) > 1) d", anys(held)...).Scan(&inv.Duplicates)
 	if err != nil {
@@ -331,6 +345,46 @@ func CheckReservations(ctx context.Context, db *sql.DB, skus []string, initial i
 	}
 	inv.Timeline = timeline(all)
 	return inv, nil
+}
+
+// checkLedger compares the SKUs' rows with the stock ledger
+// (reservation_moves) and counts the reservations it shows settled twice,
+// acknowledged or not. It returns those reservations' ids.
+func checkLedger(ctx context.Context, db *sql.DB, skus []string, initial int, inv *ReservationInvariants) (map[string]bool, error) {
+	in, args := placeholders(skus)
+	twice := map[string]bool{}
+	err := eachRow(ctx, db, func(r *sql.Rows) error {
+		var id string
+		if err := r.Scan(&id); err != nil {
+			return err
+		}
+		twice[id] = true
+		return nil
+	}, "SELECT reservation_id FROM "+movesTable+" WHERE reservation_id IN (SELECT reservation_id FROM "+movesTable+" WHERE sku IN "+in+")"+
+		" GROUP BY reservation_id HAVING SUM(op IN ('cancel', 'expire')) > SUM(op = 'hold') OR SUM(op = 'confirm') > SUM(op = 'hold')"+
+		" OR (SUM(op IN ('cancel', 'expire')) > 0 AND SUM(op = 'confirm') > 0)", args...)
+	if err != nil {
+		return nil, fmt.Errorf("check: ledger: %w", err)
+	}
+	inv.DoubleSettled += len(twice)
+	// Every SKU's row against its ledger, from the stock set: what the
+	// transitions meant to write against what the rows hold.
+	err = eachRow(ctx, db, func(r *sql.Rows) error {
+		var off int
+		if err := r.Scan(&off); err != nil {
+			return err
+		}
+		inv.LedgerMismatch += off
+		return nil
+	}, "SELECT ABS(i.stock - ? - COALESCE(m.stock, 0)) + ABS(i.reserved - COALESCE(m.reserved, 0)) + ABS(COALESCE(o.sold, 0) - COALESCE(m.sold, 0))"+
+		" FROM "+inventoryTable+" i"+
+		" LEFT JOIN (SELECT sku, SUM(stock) stock, SUM(reserved) reserved, SUM(IF(op = 'confirm', -reserved, 0)) sold FROM "+movesTable+" WHERE sku IN "+in+" GROUP BY sku) m ON m.sku = i.sku"+
+		" LEFT JOIN (SELECT sku, SUM(quantity) sold FROM "+ordersTable+" WHERE sku IN "+in+" GROUP BY sku) o ON o.sku = i.sku"+
+		" WHERE i.sku IN "+in, append(append(append([]any{initial}, args...), args...), args...)...)
+	if err != nil {
+		return nil, fmt.Errorf("check: ledger against the rows: %w", err)
+	}
+	return twice, nil
 }
 
 // checkedHold is one acknowledged hold as MySQL holds it.
@@ -406,17 +460,31 @@ func anys(ids []string) []any {
 func zero(n *int) bool { return n == nil || *n == 0 }
 
 // checkoutLoad is Runner.load for the reservations workload: spec.Requests
-// checkouts, then a wait until every hold has ended (its TTL, a sweep
-// interval and a grace after the last one) while the replicas still run.
-func (rn *Runner) checkoutLoad(ctx context.Context, run *Run, _ Fault, spec AttackSpec, res *Result) (*AttackResult, error) {
+// checkouts, and the fault alongside them (it may outlast them: it drives
+// its own reservations), then a wait until every hold has ended (its TTL,
+// a sweep interval and a grace after the last one, or after the fault's
+// end) while the replicas still run.
+func (rn *Runner) checkoutLoad(ctx context.Context, run *Run, fault Fault, spec AttackSpec, res *Result) (*AttackResult, error) {
 	t0 := time.Now()
 	limit := loadLimit(spec)
 	loadCtx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	faultCtx, endFault := context.WithCancel(loadCtx)
+	defer endFault()
+	faultDone := make(chan error, 1)
+	if fault.Inject != nil {
+		go func() { faultDone <- fault.Inject(faultCtx, run) }()
+	} else {
+		faultDone <- nil
+	}
 	co, err := Checkouts(loadCtx, CheckoutSpec{
 		Target: spec.Target, SKUs: spec.SKUs, Checkouts: spec.Requests, Workers: spec.Workers,
 		KeyPrefix: spec.KeyPrefix, Seed: run.Spec.Seed, Progress: spec.Progress,
 	})
+	endFault()
+	if ferr := <-faultDone; ferr != nil {
+		res.Notes = append(res.Notes, "fault "+run.Spec.Fault+": "+ferr.Error())
+	}
 	if co == nil {
 		return nil, err
 	}
@@ -435,8 +503,12 @@ func (rn *Runner) checkoutLoad(ctx context.Context, run *Run, _ Fault, spec Atta
 	if co.FirstError != "" {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d requests got no answer, the first: %s", co.NoResponse, co.FirstError))
 	}
-	if !co.LastHold.IsZero() {
-		wait := time.Until(co.LastHold.Add(checkoutTTL + checkoutSweep + settleGrace))
+	last := co.LastHold
+	if fault.Inject != nil {
+		last = time.Now() // the fault's own holds ended by its return + their TTL
+	}
+	if !last.IsZero() {
+		wait := time.Until(last.Add(checkoutTTL + checkoutSweep + settleGrace))
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
@@ -456,10 +528,31 @@ func (rn *Runner) checkCheckouts(ctx context.Context, run *Run, res *Result) err
 	}
 	res.InitialStock, res.FinalStock, res.OrderedQuantity = inv.InitialStock, inv.FinalStock, inv.OrderedQuantity
 	res.Oversold, res.LostUpdates, res.LostAcks, res.Duplicates = inv.Oversold, inv.LostUpdates, inv.LostAcks, inv.Duplicates
-	res.ReservedLeft, res.DoubleSettled, res.StuckHolds = &inv.ReservedLeft, &inv.DoubleSettled, &inv.StuckHolds
 	res.ReservationTimeline = inv.Timeline
 	if len(inv.MissingIDs) > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("acknowledged but not in MySQL: %q", inv.MissingIDs))
 	}
+	if run.FaultSKU != "" {
+		run.mu.Lock()
+		held, confirmed := slices.Clone(run.faultHeld), slices.Clone(run.faultConfirmed)
+		run.mu.Unlock()
+		own, err := CheckReservations(ctx, rn.DB, []string{run.FaultSKU}, run.Spec.Stock, held, confirmed, checkoutSweep)
+		if err != nil {
+			return err
+		}
+		res.Oversold += own.Oversold
+		res.LostUpdates += own.LostUpdates
+		res.LostAcks += own.LostAcks
+		res.Duplicates += own.Duplicates
+		inv.ReservedLeft += own.ReservedLeft
+		inv.DoubleSettled += own.DoubleSettled
+		inv.StuckHolds += own.StuckHolds
+		inv.LedgerMismatch += own.LedgerMismatch
+		if len(own.MissingIDs) > 0 {
+			res.Notes = append(res.Notes, fmt.Sprintf("acknowledged to the fault but not in MySQL: %q", own.MissingIDs))
+		}
+	}
+	res.ReservedLeft, res.DoubleSettled, res.StuckHolds = &inv.ReservedLeft, &inv.DoubleSettled, &inv.StuckHolds
+	res.LedgerMismatch = &inv.LedgerMismatch
 	return nil
 }

@@ -14,7 +14,7 @@ import (
 
 // ReservationHeads are the columns of the reservations table.
 var ReservationHeads = []string{"run", "workload", "holds 201", "confirmed", "cancelled", "abandoned", "out of stock",
-	"oversold", "lost upd", "reserved left", "double settled", "stuck holds", "lost acks", "verdict"}
+	"oversold", "lost upd", "reserved left", "double settled", "ledger mismatch", "stuck holds", "lost acks", "verdict"}
 
 // ReservationRows are the reservations runs' rows.
 func ReservationRows(results []Result) [][]string {
@@ -40,7 +40,7 @@ func ReservationRows(results []Result) [][]string {
 		rows = append(rows, []string{r.Name(), r.Workload, strconv.Itoa(c["hold 201"]), strconv.Itoa(c["confirm 200"]),
 			strconv.Itoa(c["cancel 200"]), strconv.Itoa(c["abandoned"]), strconv.Itoa(c["hold 409 out_of_stock"]),
 			strconv.Itoa(r.Oversold), strconv.Itoa(r.LostUpdates), count(r.ReservedLeft), count(r.DoubleSettled),
-			count(r.StuckHolds), strconv.Itoa(r.LostAcks), verdict})
+			count(r.LedgerMismatch), count(r.StuckHolds), strconv.Itoa(r.LostAcks), verdict})
 	}
 	return rows
 }
@@ -61,8 +61,8 @@ func WriteReservationTable(w io.Writer, results []Result) {
 }
 
 // reservationDefinitions says what the reservations columns mean.
-const reservationDefinitions = `Reservations runs: each checkout holds 1 to 3 SKUs of the hot set (lines in random order, 1 or 2 of each, TTL 2 s), then confirms (40%), cancels (30%) or abandons the hold (30%), which the sweepers expire. The invariants are read from MySQL once the last hold has ended (its TTL, a sweep interval and a 7 s grace after it).
-*oversold* = Σ max(0, sold + reserved - stock set); *lost upd* = Σ |stock set - stock - reserved - sold|; *reserved left* = stock still reserved at the end; *double settled* = reservations with orders that are not confirmed, or more orders than lines; *stuck holds* = holds still held, or expired later than expiry + sweep interval + grace; *lost acks* = holds answered 201, or confirms answered 200, that MySQL does not hold.`
+const reservationDefinitions = `Reservations runs: each checkout holds 1 to 3 SKUs of the hot set (lines in random order, 1 or 2 of each, TTL 2 s), then confirms (40%), cancels (30%) or abandons the hold (30%), which the sweepers expire. The invariants are read from MySQL once the last hold has ended (its TTL, a sweep interval and a 7 s grace after it); a fault's own reservations, on a SKU of its own, are checked the same way.
+*oversold* = Σ max(0, sold + reserved - stock set); *lost upd* = Σ |stock set - stock - reserved - sold|; *reserved left* = stock still reserved at the end; *double settled* = reservations with orders that are not confirmed, or more orders than lines, or that the stock ledger (reservation_moves) shows given back twice, or confirmed and given back; *ledger mismatch* = stock, reserved and sold that no transition of the ledger explains (a write from a stale read); *stuck holds* = holds still held, or expired later than expiry + sweep interval + grace; *lost acks* = holds answered 201, or confirms answered 200, that MySQL does not hold.`
 
 func writeReservationsMarkdown(w io.Writer, results []Result) {
 	rows := ReservationRows(results)

@@ -94,6 +94,9 @@ type Result struct {
 	DoubleSettled *int `json:"double_settled,omitempty"`
 	// StuckHolds counts holds held past expiry + sweep interval + grace.
 	StuckHolds *int `json:"stuck_holds,omitempty"`
+	// LedgerMismatch is the stock, reserved and sold quantity the stock
+	// ledger (reservation_moves) does not explain (ReservationInvariants).
+	LedgerMismatch *int `json:"ledger_mismatch,omitempty"`
 	// Checkouts counts the clients' outcomes ("hold 201", "confirm 200",
 	// "abandoned", ...); ReservationTimeline the transitions over time.
 	Checkouts           map[string]int     `json:"checkouts,omitempty"`

@@ -67,6 +67,17 @@ type Fault struct {
 	// Backends lists the lock backends the scenario applies to; nil means all.
 	// A run on another backend is reported as not applicable, not as a failure.
 	Backends []string
+	// Workload is the Spec.Workload the scenario drives: "" for direct
+	// orders, WorkloadReservations for checkouts.
+	Workload string
+}
+
+// WorkloadName names a Spec.Workload as the lab's --workload flag does.
+func WorkloadName(w string) string {
+	if w == "" {
+		return "orders"
+	}
+	return w
 }
 
 // TokenlessBackends have no fencing token safe across replicas: guard
@@ -100,6 +111,8 @@ type Run struct {
 	FaultSKU string
 
 	checkouts *CheckoutResult // the reservations workload's answers
+	// The fault's own reservations (AckedHold), on FaultSKU.
+	faultHeld, faultConfirmed []string
 
 	mu         sync.Mutex
 	events     []FaultEvent
@@ -172,6 +185,19 @@ func (r *Run) Acked(ids ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.acked = append(r.acked, ids...)
+}
+
+// AckedHold adds a reservation the fault itself held and saw acknowledged
+// (confirmed: and saw confirmed) to those the invariant check expects.
+func (r *Run) AckedHold(id string, confirmed bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !slices.Contains(r.faultHeld, id) {
+		r.faultHeld = append(r.faultHeld, id)
+	}
+	if confirmed && !slices.Contains(r.faultConfirmed, id) {
+		r.faultConfirmed = append(r.faultConfirmed, id)
+	}
 }
 
 // recovery is the longest time from a Disrupted mark to the next decided
@@ -254,7 +280,7 @@ func (r *Result) settle(err error) {
 		r.Error = err.Error()
 	}
 	r.Safe = r.Error == "" && !r.NotApplicable && r.Oversold == 0 && r.LostUpdates == 0 && r.LostAcks == 0 && r.Duplicates == 0 && len(r.Violations) == 0 &&
-		zero(r.ReservedLeft) && zero(r.DoubleSettled) && zero(r.StuckHolds)
+		zero(r.ReservedLeft) && zero(r.DoubleSettled) && zero(r.StuckHolds) && zero(r.LedgerMismatch)
 }
 
 func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, progress func(int)) error {
@@ -277,8 +303,8 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		res.Notes = append(res.Notes, fmt.Sprintf("guard fencing does not apply to backend %s: it has no fencing token", spec.Backend))
 		return nil
 	}
-	if spec.Workload == WorkloadReservations && spec.Fault != "" {
-		return fmt.Errorf("the reservations workload runs no fault yet")
+	if spec.Fault != "" && fault.Workload != spec.Workload {
+		return fmt.Errorf("fault %s needs the %s workload", spec.Fault, WorkloadName(fault.Workload))
 	}
 	run := &Run{
 		Spec:       spec,

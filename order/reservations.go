@@ -138,11 +138,11 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 			return storage.Reservation{}, false, err
 		}
 	}
-	leases, err := s.acquireAll(ctx, skus)
+	leases, holds, err := s.acquireAll(ctx, skus)
 	if err != nil {
 		return storage.Reservation{}, false, err
 	}
-	defer s.releaseAll(ctx, leases)
+	defer s.releaseAll(ctx, leases, holds)
 
 	seen, err := s.readRows(ctx, skus)
 	if err != nil {
@@ -192,7 +192,16 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 		return s.holdRefused(wctx, req, row, leases, err)
 	}
 	s.cacheRows(wctx, after, leases)
+	s.reservationHook(ctx, HookHoldAfterCommit, held.ID, "hold", lines[0].SKU, held.Token, req.Key)
 	return held, false, nil
+}
+
+// reservationHook calls Config.FaultHook, if set (the lab only), at a
+// reservation's hook point.
+func (s *Service) reservationHook(ctx context.Context, at HookPoint, id, op, sku string, tok uint64, key string) {
+	if s.cfg.FaultHook != nil {
+		s.cfg.FaultHook(ctx, at, HookInfo{SKU: sku, Key: key, Token: tok, Reservation: id, Op: op})
+	}
 }
 
 // replayHold answers a key already used: its reservation if the request
@@ -285,11 +294,11 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 	for i, l := range r.Lines {
 		skus[i] = l.SKU
 	}
-	leases, err := s.acquireAll(ctx, skus)
+	leases, holds, err := s.acquireAll(ctx, skus)
 	if err != nil {
 		return storage.Reservation{}, err
 	}
-	defer s.releaseAll(ctx, leases)
+	defer s.releaseAll(ctx, leases, holds)
 	seen, err := s.readRows(ctx, skus)
 	if err != nil {
 		return storage.Reservation{}, err
@@ -300,6 +309,12 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 	if err := s.invalidate(ctx, skus); err != nil {
 		return storage.Reservation{}, err
 	}
+
+	hookToken := sweepToken
+	for _, l := range r.Lines {
+		hookToken = max(hookToken, token(leases, l.SKU))
+	}
+	s.reservationHook(ctx, HookSettleBeforeWrite, id, opOf[to], r.Lines[0].SKU, hookToken, "")
 
 	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, Lock: s.cfg.Lock, SweepToken: sweepToken}
 	moves := make([]storage.Move, len(r.Lines))
@@ -382,10 +397,11 @@ func retried(ctx context.Context, once func() (storage.Reservation, bool, error)
 }
 
 // acquireAll takes the locks of skus in sorted order, waiting at most
-// LockWait in all; nil without a locker.
-func (s *Service) acquireAll(ctx context.Context, skus []string) (*locking.Leases, error) {
+// LockWait in all, and starts watching each lease for the lease records;
+// nil without a locker.
+func (s *Service) acquireAll(ctx context.Context, skus []string) (*locking.Leases, []*holding, error) {
 	if s.locker == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	keys := make([]string, len(skus))
 	for i, sku := range skus {
@@ -398,28 +414,41 @@ func (s *Service) acquireAll(ctx context.Context, skus []string) (*locking.Lease
 	s.metrics.lockWait.Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
-		return leases, nil
+		holds := make([]*holding, len(leases.Leases()))
+		for i, l := range leases.Leases() {
+			holds[i] = s.hold(l)
+		}
+		return leases, holds, nil
 	case ctx.Err() != nil:
-		return nil, err
+		return nil, nil, err
 	case errors.Is(err, context.DeadlineExceeded):
-		return nil, fmt.Errorf("%w after %v: %w", ErrLockTimeout, s.cfg.LockWait, err)
+		return nil, nil, fmt.Errorf("%w after %v: %w", ErrLockTimeout, s.cfg.LockWait, err)
 	default:
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 }
 
-// releaseAll releases the leases after the commit, on a context of its own.
-func (s *Service) releaseAll(ctx context.Context, leases *locking.Leases) {
+// releaseAll releases the leases after the commit, on a context of its
+// own, and logs their lease records.
+func (s *Service) releaseAll(ctx context.Context, leases *locking.Leases, holds []*holding) {
 	if leases == nil {
 		return
 	}
-	if isClosed(leases.Lost()) {
-		s.metrics.leasesLost.Inc()
+	lost := make([]*time.Time, len(holds))
+	for i, l := range leases.Leases() {
+		if lost[i] = holds[i].end(l); lost[i] != nil {
+			s.metrics.leasesLost.Inc()
+		}
 	}
+	released := time.Now()
 	rctx, cancel := afterCommit(ctx)
 	defer cancel()
 	if err := leases.Release(rctx); err != nil {
 		s.log.Warn("lock release failed", "keys", len(leases.Leases()), "err", err)
+	}
+	for i, l := range leases.Leases() {
+		s.metrics.lockHold.Observe(time.Since(holds[i].granted).Seconds())
+		s.leaseRecord(l, holds[i], lost[i], released)
 	}
 }
 

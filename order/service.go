@@ -105,6 +105,14 @@ const (
 	// HookAfterCommit: step 6 committed and step 7 done, before the
 	// release and the reply.
 	HookAfterCommit HookPoint = "after-commit"
+	// HookHoldAfterCommit: a reservation's hold committed and cached,
+	// before the release and the reply (the lab kills the replica here).
+	HookHoldAfterCommit HookPoint = "hold-after-commit"
+	// HookSettleBeforeWrite: a confirm, cancel or expiry holds its SKUs'
+	// leases, read the reservation held and the rows, and passed its Lost
+	// check; its transaction is next (the lab pauses a sweeper here, or
+	// holds a confirm until the reservation's expires_at).
+	HookSettleBeforeWrite HookPoint = "settle-before-write"
 )
 
 // HookInfo is what the flow tells Config.FaultHook about the order.
@@ -112,6 +120,11 @@ type HookInfo struct {
 	SKU   string
 	Key   string // Idempotency-Key, or ""
 	Token uint64 // the lease's fencing token, 0 without one
+	// Reservation and Op, at the reservation hook points: its id, and
+	// hold, confirm, cancel or expire. Token is then the highest of the
+	// SKUs' tokens, or the sweeper's for an expiry.
+	Reservation string
+	Op          string
 }
 
 // Service is one replica of the order service. Its methods are safe for
@@ -548,8 +561,12 @@ func (s *Service) release(ctx context.Context, lease locking.Lease, h *holding) 
 	if err != nil {
 		s.log.Warn("lock release failed", "key", lease.Key(), "err", err)
 	}
-	// The lease record: the lab pairs these across replicas to count two
-	// holders at once (same machine, same clock).
+	s.leaseRecord(lease, h, lostAt, released)
+}
+
+// leaseRecord logs the lease record: the lab pairs these across replicas
+// to count two holders at once (same machine, same clock).
+func (s *Service) leaseRecord(lease locking.Lease, h *holding, lostAt *time.Time, released time.Time) {
 	attrs := []any{"key", lease.Key(), "token", lease.Token(), "acquired_at", h.granted, "lost", lostAt != nil}
 	if lostAt != nil {
 		attrs = append(attrs, "lost_at", *lostAt)

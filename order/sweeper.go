@@ -77,13 +77,7 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 			}
 			return 0, err
 		}
-		defer func() {
-			rctx, cancel := afterCommit(ctx)
-			defer cancel()
-			if err := lease.Release(rctx); err != nil {
-				s.log.Warn("sweeper lock release failed", "err", err)
-			}
-		}()
+		defer s.release(ctx, lease, s.hold(lease))
 	}
 	var sweepToken uint64
 	if lease != nil {

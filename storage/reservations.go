@@ -99,6 +99,33 @@ type Fence struct {
 // TableName fixes the table's name.
 func (Fence) TableName() string { return "fences" }
 
+// ReservationMove is one line of the reservations' stock ledger: the change
+// a transition meant to make to one SKU's row, written in the transition's
+// own transaction. The status change lets a reservation leave held once, so
+// a reservation has one hold per line and at most one give-back (cancel or
+// expire) per line; the lab counts them (a double give-back is two), and
+// compares each SKU's row with the sum of its ledger (a guarded write from
+// a stale read changes the row by another amount than the ledger says).
+type ReservationMove struct {
+	ID            uint64    `gorm:"primaryKey;autoIncrement"`
+	ReservationID string    `gorm:"type:varbinary(36);not null;index"`
+	SKU           string    `gorm:"type:varbinary(64);not null;index"`
+	Op            string    `gorm:"type:varchar(16);not null"` // hold, confirm, cancel, expire
+	Stock         int64     `gorm:"not null"`
+	Reserved      int64     `gorm:"not null"`
+	Instance      string    `gorm:"type:varchar(255);not null"`
+	Token         uint64    `gorm:"not null"`
+	CreatedAt     time.Time `gorm:"type:datetime(6);not null"`
+}
+
+// TableName fixes the table's name: the lab reads it.
+func (ReservationMove) TableName() string { return "reservation_moves" }
+
+// Ops of the ledger, by the status a transition moves to.
+var moveOp = map[string]string{
+	StatusHeld: "hold", StatusConfirmed: "confirm", StatusCancelled: "cancel", StatusExpired: "expire",
+}
+
 // SweeperFence is the name of the Fence of the lock `sweeper` on backend
 // lock.
 func SweeperFence(lock string) string { return "sweeper/" + lock }
@@ -148,7 +175,7 @@ func (s *Store) Hold(ctx context.Context, guard Guard, r Reservation, ttl time.D
 		if err != nil {
 			return err
 		}
-		if after, err = applyMoves(ctx, tx, guard, moves); err != nil {
+		if after, err = applyMoves(ctx, tx, guard, ledger{r.ID, StatusHeld, r.Instance}, moves); err != nil {
 			return err
 		}
 		return tx.Take(&r, "id = ?", r.ID).Error
@@ -211,7 +238,7 @@ func (s *Store) Settle(ctx context.Context, guard Guard, st Settlement, moves []
 			}
 		}
 		var err error
-		if after, err = applyMoves(ctx, tx, guard, moves); err != nil {
+		if after, err = applyMoves(ctx, tx, guard, ledger{st.ID, st.To, st.By}, moves); err != nil {
 			return err
 		}
 		if len(st.Orders) > 0 {
@@ -234,11 +261,15 @@ func (s *Store) Settle(ctx context.Context, guard Guard, st Settlement, moves []
 	return r, after, nil
 }
 
-// applyMoves runs every move's guarded write and returns the rows after
-// them, read inside the transaction (the rows are locked until commit).
-// The rows are written in SKU order, as the locks are taken: two
-// transactions never wait for each other's rows in a cycle.
-func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, moves []Move) ([]Inventory, error) {
+// ledger names the transition whose moves applyMoves writes.
+type ledger struct{ reservation, to, instance string }
+
+// applyMoves runs every move's guarded write, and its line of the ledger,
+// and returns the rows after them, read inside the transaction (the rows
+// are locked until commit). The rows are written in SKU order, as the
+// locks are taken: two transactions never wait for each other's rows in a
+// cycle.
+func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, l ledger, moves []Move) ([]Inventory, error) {
 	moves = slices.Clone(moves)
 	slices.SortFunc(moves, func(a, b Move) int { return strings.Compare(a.Seen.SKU, b.Seen.SKU) })
 	after := make([]Inventory, 0, len(moves))
@@ -275,6 +306,11 @@ func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, moves []Move) ([]
 			return nil, err
 		} else if n == 0 {
 			return nil, fmt.Errorf("%q: %w", sku, refusal(tx, guard, sku, m.Token))
+		}
+		_, err = tx.Statement.ConnPool.ExecContext(ctx, "INSERT INTO reservation_moves (reservation_id, sku, op, stock, reserved, instance, token, created_at) "+
+			"VALUES (?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))", l.reservation, sku, moveOp[l.to], m.Stock, m.Reserved, l.instance, m.Token)
+		if err != nil {
+			return nil, err
 		}
 		var inv Inventory
 		if err := tx.Take(&inv, "sku = ?", sku).Error; err != nil {

@@ -162,7 +162,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", migrateLock)
 	db := s.db.WithContext(ctx)
-	if err := db.AutoMigrate(&Inventory{}, &Order{}, &Replica{}, &Meta{}, &Reservation{}, &Fence{}); err != nil {
+	if err := db.AutoMigrate(&Inventory{}, &Order{}, &Replica{}, &Meta{}, &Reservation{}, &Fence{}, &ReservationMove{}); err != nil {
 		return err
 	}
 	// Tables made before identities were exact strings: AutoMigrate does

@@ -181,14 +181,17 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	switch c.workload {
 	case "orders":
 	case loadtest.WorkloadReservations:
-		if c.faults != nil {
-			return c, badFlag("fault", "the reservations workload runs no fault yet")
-		}
 		if !given["skus"] {
 			c.skus = 4
 		}
 	default:
 		return c, badFlag("workload", "want orders or reservations, got %q", c.workload)
+	}
+	all := faults.All()
+	for _, f := range c.faults {
+		if w := all[f].Workload; w != c.specWorkload() {
+			return c, badFlag("fault", "%s needs --workload %s", f, loadtest.WorkloadName(w))
+		}
 	}
 	if c.topology != topologySingle && c.topology != topologyCluster {
 		return c, badFlag("topology", "want single or cluster, got %q", c.topology)

@@ -37,6 +37,8 @@ func TestBadFlagsExit2NamingTheFlag(t *testing.T) {
 		{[]string{"extra"}, "extra"},
 		{[]string{"--merge", "a,,b"}, "merge"},
 		{[]string{"--merge", "a", "--fault", "pause-holder"}, "merge"},
+		{[]string{"--workload", "reservations", "--fault", "pause-holder"}, "fault"},
+		{[]string{"--fault", "reservation-expiry-race"}, "fault"},
 		{[]string{"--merge", "a", "--backends", "redis"}, "merge"},
 		{[]string{"--merge", "a,lab-report"}, "out"},
 		{[]string{"--merge", "a", "--out", ""}, "out"},

@@ -65,6 +65,10 @@ func faultHook(hookURL, instance string, log *slog.Logger) func(context.Context,
 			"at": {string(at)}, "replica": {instance}, "sku": {h.SKU},
 			"key": {h.Key}, "token": {strconv.FormatUint(h.Token, 10)},
 		}
+		if h.Reservation != "" {
+			q.Set("reservation", h.Reservation)
+			q.Set("op", h.Op)
+		}
 		u := hookURL + "?" + q.Encode()
 		if strings.Contains(hookURL, "?") {
 			u = hookURL + "&" + q.Encode()

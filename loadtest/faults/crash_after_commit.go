@@ -1,12 +1,10 @@
 package faults
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -103,26 +101,7 @@ type placed struct {
 // place sends one order of quantity 1 to base with key.
 func place(ctx context.Context, client *http.Client, base, sku, key string) placed {
 	body, _ := json.Marshal(map[string]any{"sku": sku, "quantity": 1})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/orders", bytes.NewReader(body))
-	if err != nil {
-		return placed{err: err}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := client.Do(req)
-	if err != nil {
-		return placed{err: err}
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var o struct {
-		ID    string `json:"id"`
-		Error struct {
-			Code string `json:"code"`
-		} `json:"error"`
-	}
-	_ = json.Unmarshal(b, &o)
-	return placed{status: resp.StatusCode, id: o.ID, code: o.Error.Code}
+	return postJSON(ctx, client, base+"/v1/orders", body, key)
 }
 
 // ordersWithKey counts the orders MySQL holds for an Idempotency-Key.

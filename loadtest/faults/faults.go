@@ -28,5 +28,9 @@ func All() map[string]loadtest.Fault {
 		"etcd-leader-kill":       EtcdLeaderKill(),
 		"redis-cluster-failover": RedisClusterFailover(),
 		"zk-follower-partition":  ZKFollowerPartition(),
+		// Reservations' faults: --workload reservations.
+		"reservation-sweeper-pause":   ReservationSweeperPause(),
+		"reservation-kill-after-hold": ReservationKillAfterHold(),
+		"reservation-expiry-race":     ReservationExpiryRace(),
 	}
 }

@@ -21,6 +21,9 @@ const (
 	atBeforeCommit = "before-commit" // guarded write and order insert sent, COMMIT next
 	atBeforeCache  = "before-cache"  // committed; the cache update (step 7) next
 	atAfterCommit  = "after-commit"  // committed and cached; release and reply next
+	// The reservations' points.
+	atHoldAfterCommit   = "hold-after-commit"   // a hold committed and cached; release and reply next
+	atSettleBeforeWrite = "settle-before-write" // a confirm, cancel or expiry read held under its leases; its transaction next
 )
 
 // hookCall is one call of a replica's fault hook (OVERSOLD_FAULT_HOOK): the
@@ -31,7 +34,11 @@ type hookCall struct {
 	SKU     string
 	Token   uint64
 	Key     string // the order's Idempotency-Key
-	Arrived time.Time
+	// Reservation and Op at the reservation hook points: its id, and
+	// hold, confirm, cancel or expire.
+	Reservation string
+	Op          string
+	Arrived     time.Time
 
 	answer chan struct{}
 	once   sync.Once
@@ -91,6 +98,7 @@ func (h *insideHook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	token, _ := strconv.ParseUint(q.Get("token"), 10, 64)
 	c := &hookCall{
 		At: q.Get("at"), Replica: q.Get("replica"), SKU: q.Get("sku"), Token: token, Key: q.Get("key"),
+		Reservation: q.Get("reservation"), Op: q.Get("op"),
 		Arrived: time.Now(), answer: make(chan struct{}),
 	}
 	if c.At == "" {
