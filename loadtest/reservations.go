@@ -540,17 +540,11 @@ func (rn *Runner) checkCheckouts(ctx context.Context, run *Run, res *Result) err
 		if err != nil {
 			return err
 		}
-		res.Oversold += own.Oversold
-		res.LostUpdates += own.LostUpdates
-		res.LostAcks += own.LostAcks
-		res.Duplicates += own.Duplicates
+		res.addFaultSKU(own.Invariants)
 		inv.ReservedLeft += own.ReservedLeft
 		inv.DoubleSettled += own.DoubleSettled
 		inv.StuckHolds += own.StuckHolds
 		inv.LedgerMismatch += own.LedgerMismatch
-		if len(own.MissingIDs) > 0 {
-			res.Notes = append(res.Notes, fmt.Sprintf("acknowledged to the fault but not in MySQL: %q", own.MissingIDs))
-		}
 	}
 	res.ReservedLeft, res.DoubleSettled, res.StuckHolds = &inv.ReservedLeft, &inv.DoubleSettled, &inv.StuckHolds
 	res.LedgerMismatch = &inv.LedgerMismatch

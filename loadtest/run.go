@@ -474,16 +474,22 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		if err != nil {
 			return err
 		}
-		res.Oversold += own.Oversold
-		res.LostUpdates += own.LostUpdates
-		res.LostAcks += own.LostAcks
-		res.Duplicates += own.Duplicates
-		if len(own.MissingIDs) > 0 {
-			res.Notes = append(res.Notes, fmt.Sprintf("acknowledged to the fault but not in MySQL: %q", own.MissingIDs))
-		}
+		res.addFaultSKU(own)
 	}
 	res.Phases.Check = since(t0)
 	return nil
+}
+
+// addFaultSKU adds the violations found on the fault's own SKU to the
+// result's counts.
+func (r *Result) addFaultSKU(own Invariants) {
+	r.Oversold += own.Oversold
+	r.LostUpdates += own.LostUpdates
+	r.LostAcks += own.LostAcks
+	r.Duplicates += own.Duplicates
+	if len(own.MissingIDs) > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("acknowledged to the fault but not in MySQL: %q", own.MissingIDs))
+	}
 }
 
 // startFleet starts the run's replicas and a balancer in front of them.

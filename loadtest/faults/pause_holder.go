@@ -66,19 +66,11 @@ func pauseHolder(point string) loadtest.Fault {
 				return nil
 			}
 			defer c.Answer()
-			if err := r.Pause(); err != nil {
-				return fmt.Errorf("pause %s: %w", r.Name, err)
+			resume, err := pause(r)
+			if err != nil {
+				return err
 			}
-			// Always resumed, whatever happens below.
-			resumed := false
-			resume := func() error {
-				if resumed {
-					return nil
-				}
-				resumed = true
-				return r.Resume()
-			}
-			defer resume()
+			defer resume() // always resumed, whatever happens below
 			t0 := time.Now()
 			run.Fired("%s frozen (SIGSTOP) at %s, holding its lease", c, point)
 
@@ -110,6 +102,22 @@ func pauseHolder(point string) loadtest.Fault {
 			return nil
 		},
 	}
+}
+
+// pause freezes r (SIGSTOP) and returns what resumes it (SIGCONT), once
+// however often it is called.
+func pause(r *loadtest.Replica) (resume func() error, err error) {
+	if err := r.Pause(); err != nil {
+		return nil, fmt.Errorf("pause %s: %w", r.Name, err)
+	}
+	resumed := false
+	return func() error {
+		if resumed {
+			return nil
+		}
+		resumed = true
+		return r.Resume()
+	}, nil
 }
 
 // leaseLife is how long a lease outlives its holder's last renewal on the

@@ -31,107 +31,81 @@ import (
 // held (every guard), and its sweeper token is below the fence the newer
 // sweeper left.
 func ReservationSweeperPause() loadtest.Fault {
-	var runs perRun[*insideHook]
-	return loadtest.Fault{
-		Workload: loadtest.WorkloadReservations,
-		Backends: leaseBackends, // with none or local there is no lock `sweeper` to lose
-		Prepare:  hookPrepare(&runs),
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			hook, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			r, _, err := replicas(run)
-			if err != nil {
-				return err
-			}
-			ctx, d := drive(ctx, run, hook)
-			defer d.close()
-			db, err := sql.Open("mysql", run.Servers.MySQLDSN)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			life := leaseLife(run)
+	// With none or local there is no lock `sweeper` to lose.
+	return reservationFault(leaseBackends, func(ctx context.Context, run *loadtest.Run, d *driver, db *sql.DB, r, _ *loadtest.Replica) error {
+		hook := d.hook
+		life := leaseLife(run)
 
-			// A hold of one second, abandoned: a sweeper expires it.
-			h := reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 1, run.KeyPrefix+"-swept")
-			if h.status != http.StatusCreated {
-				notFired(run, fmt.Errorf("the hold to sweep answered %d %s %v", h.status, h.code, h.err))
-				return nil
-			}
-			run.AckedHold(h.id, false)
-			run.Eventf("%s held reservation %s for 1 s, to be swept", r.Name, h.id)
-			caught := hook.expect(func(c *hookCall) bool {
-				return c.At == atSettleBeforeWrite && c.Op == "expire" && c.Reservation == h.id
-			})
-			var c *hookCall
-			select {
-			case c = <-caught:
-			case <-time.After(time.Second + life + 2*lockWait):
-				notFired(run, fmt.Errorf("no sweeper reached reservation %s's transaction", h.id))
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			defer c.Answer()
-			sweeper := byName(run, c.Replica)
-			if sweeper == nil {
-				c.Answer()
-				notFired(run, fmt.Errorf("the sweeper %s is not a replica of the run", c.Replica))
-				return nil
-			}
-			if err := sweeper.Pause(); err != nil {
-				return fmt.Errorf("pause %s: %w", sweeper.Name, err)
-			}
-			resumed := false
-			resume := func() error {
-				if resumed {
-					return nil
-				}
-				resumed = true
-				return sweeper.Resume()
-			}
-			defer resume()
-			t0 := time.Now()
-			run.Fired("%s's sweeper frozen (SIGSTOP) expiring %s: %s, holding the lock `sweeper` and the SKU's lease", sweeper.Name, h.id, c)
-
-			// Checkouts on the same SKU through the other replicas while it
-			// is frozen: each waits for the frozen lease, then holds and
-			// confirms.
-			others := othersThan(run, sweeper)
-			for i := range 2 {
-				via := others[i%len(others)]
-				co := reserve(ctx, d.client, via.URL, run.FaultSKU, 1, 10, fmt.Sprintf("%s-during-pause-%d", run.KeyPrefix, i))
-				if co.status != http.StatusCreated {
-					run.Eventf("a checkout on %s during the pause answered %d %s %v", via.Name, co.status, co.code, co.err)
-					continue
-				}
-				s := settle(ctx, d.client, via.URL, co.id, "confirm")
-				run.AckedHold(co.id, s.status == http.StatusOK)
-				run.Eventf("%s held %s and its confirm answered %d %s, %s into the pause", via.Name, co.id, s.status, s.code, since(t0))
-			}
-			// Another sweeper expires the reservation meanwhile: the frozen
-			// one's leases are gone.
-			by, err := awaitSettled(ctx, db, h.id, 2*life+2*lockWait)
-			switch {
-			case err != nil:
-				run.Eventf("reservation %s not settled during the pause: %v", h.id, err)
-			case by == sweeper.Name:
-				run.Eventf("reservation %s settled by %s itself?", h.id, by)
-			default:
-				run.Eventf("%s's sweeper expired %s %s into the pause", by, h.id, since(t0))
-			}
-			_ = sleepCtx(ctx, 2*life-time.Since(t0))
-			if err := resume(); err != nil {
-				return fmt.Errorf("resume %s: %w", sweeper.Name, err)
-			}
+		// A hold of one second, abandoned: a sweeper expires it.
+		h := reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 1, run.KeyPrefix+"-swept")
+		if h.status != http.StatusCreated {
+			notFired(run, fmt.Errorf("the hold to sweep answered %d %s %v", h.status, h.code, h.err))
+			return nil
+		}
+		run.AckedHold(h.id, false)
+		run.Eventf("%s held reservation %s for 1 s, to be swept", r.Name, h.id)
+		caught := hook.expect(func(c *hookCall) bool {
+			return c.At == atSettleBeforeWrite && c.Op == "expire" && c.Reservation == h.id
+		})
+		var c *hookCall
+		select {
+		case c = <-caught:
+		case <-time.After(time.Second + life + 2*lockWait):
+			notFired(run, fmt.Errorf("no sweeper reached reservation %s's transaction", h.id))
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer c.Answer()
+		sweeper := byName(run, c.Replica)
+		if sweeper == nil {
 			c.Answer()
-			run.Eventf("%s resumed (SIGCONT) after %s and sent its expiry with its stale read", sweeper.Name, since(t0))
-			_ = sleepCtx(ctx, time.Second) // its transaction, refused or not
-			return checkGiveBacks(ctx, db, run, h.id, "expired", 1)
-		},
-	}
+			notFired(run, fmt.Errorf("the sweeper %s is not a replica of the run", c.Replica))
+			return nil
+		}
+		resume, err := pause(sweeper)
+		if err != nil {
+			return err
+		}
+		defer resume()
+		t0 := time.Now()
+		run.Fired("%s's sweeper frozen (SIGSTOP) expiring %s: %s, holding the lock `sweeper` and the SKU's lease", sweeper.Name, h.id, c)
+
+		// Checkouts on the same SKU through the other replicas while it
+		// is frozen: each waits for the frozen lease, then holds and
+		// confirms.
+		others := othersThan(run, sweeper)
+		for i := range 2 {
+			via := others[i%len(others)]
+			co := reserve(ctx, d.client, via.URL, run.FaultSKU, 1, 10, fmt.Sprintf("%s-during-pause-%d", run.KeyPrefix, i))
+			if co.status != http.StatusCreated {
+				run.Eventf("a checkout on %s during the pause answered %d %s %v", via.Name, co.status, co.code, co.err)
+				continue
+			}
+			s := settle(ctx, d.client, via.URL, co.id, "confirm")
+			run.AckedHold(co.id, s.status == http.StatusOK)
+			run.Eventf("%s held %s and its confirm answered %d %s, %s into the pause", via.Name, co.id, s.status, s.code, since(t0))
+		}
+		// Another sweeper expires the reservation meanwhile: the frozen
+		// one's leases are gone.
+		by, err := awaitSettled(ctx, db, h.id, 2*life+2*lockWait)
+		switch {
+		case err != nil:
+			run.Eventf("reservation %s not settled during the pause: %v", h.id, err)
+		case by == sweeper.Name:
+			run.Eventf("reservation %s settled by %s itself?", h.id, by)
+		default:
+			run.Eventf("%s's sweeper expired %s %s into the pause", by, h.id, since(t0))
+		}
+		_ = sleepCtx(ctx, 2*life-time.Since(t0))
+		if err := resume(); err != nil {
+			return fmt.Errorf("resume %s: %w", sweeper.Name, err)
+		}
+		c.Answer()
+		run.Eventf("%s resumed (SIGCONT) after %s and sent its expiry with its stale read", sweeper.Name, since(t0))
+		_ = sleepCtx(ctx, time.Second) // its transaction, refused or not
+		return checkGiveBacks(ctx, db, run, h.id, "expired", 1)
+	})
 }
 
 // ReservationKillAfterHold kills (SIGKILL) a replica after a hold committed
@@ -142,95 +116,76 @@ func ReservationSweeperPause() loadtest.Fault {
 // second hold. The fault then confirms or cancels it (the seed draws
 // which) and starts the killed replica again.
 func ReservationKillAfterHold() loadtest.Fault {
-	var runs perRun[*insideHook]
-	return loadtest.Fault{
-		Workload: loadtest.WorkloadReservations,
-		Prepare:  hookPrepare(&runs),
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			hook, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			r, other, err := replicas(run)
-			if err != nil {
-				return err
-			}
-			ctx, d := drive(ctx, run, hook)
-			defer d.close()
-			db, err := sql.Open("mysql", run.Servers.MySQLDSN)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
+	return reservationFault(nil, func(ctx context.Context, run *loadtest.Run, d *driver, db *sql.DB, r, other *loadtest.Replica) error {
+		hook := d.hook
 
-			key := run.KeyPrefix + "-hold-killed"
-			caught := hook.expect(func(c *hookCall) bool { return c.At == atHoldAfterCommit && c.Key == key })
-			first := &sent{Key: key, Replica: r.Name, done: make(chan placed, 1)}
-			go func() { first.done <- reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 30, key) }()
-			c, err := catch(ctx, caught, first, 2*lockWait)
-			if err != nil {
-				notFired(run, err)
-				return nil
-			}
-			t0 := time.Now()
-			err = r.Kill()
-			c.Answer()
-			if err != nil {
-				return fmt.Errorf("kill %s: %w", r.Name, err)
-			}
-			run.Fired("%s killed (SIGKILL) after committing hold %s (key %s), before answering", r.Name, c.Reservation, key)
-			if p := <-first.done; p.status != 0 {
-				run.Violatedf("the killed replica answered %d", p.status)
-			}
-
-			var retry placed
-			for try := range 5 {
-				if retry = reserve(ctx, d.client, other.URL, run.FaultSKU, 1, 30, key); retry.status != 0 && retry.status < 500 {
-					break
-				}
-				if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
-					break
-				}
-			}
-			switch {
-			case retry.status == http.StatusOK && retry.id == c.Reservation:
-				run.Eventf("the retry on %s answered 200 with reservation %s", other.Name, retry.id)
-				run.AckedHold(retry.id, false)
-			case retry.status == 0:
-				run.Violatedf("the retry on %s got no answer: %v", other.Name, retry.err)
-			default:
-				run.Violatedf("the retry on %s answered %d %s with reservation %q, want 200 and %s", other.Name, retry.status, retry.code, retry.id, c.Reservation)
-				if retry.id != "" {
-					run.AckedHold(retry.id, false)
-				}
-			}
-			var n, holds int
-			var reserved int64
-			err = db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM reservations WHERE idempotency_key = ?), "+
-				"(SELECT COUNT(*) FROM reservation_moves WHERE sku = ? AND op = 'hold'), (SELECT reserved FROM inventory WHERE sku = ?)",
-				key, run.FaultSKU, run.FaultSKU).Scan(&n, &holds, &reserved)
-			if err != nil {
-				return err
-			}
-			if n != 1 || holds != 1 || reserved != 1 {
-				run.Violatedf("for key %s MySQL holds %d reservations, %d holds in the ledger and %d reserved; want 1, 1 and 1", key, n, holds, reserved)
-			} else {
-				run.Eventf("MySQL holds one reservation for the key, one hold, 1 reserved")
-			}
-
-			op := []string{"confirm", "cancel"}[run.Rand.IntN(2)]
-			s := settle(ctx, d.client, other.URL, c.Reservation, op)
-			run.Eventf("the %s on %s answered %d %s, %s after the kill", op, other.Name, s.status, s.code, since(t0))
-			if op == "confirm" && s.status == http.StatusOK {
-				run.AckedHold(c.Reservation, true)
-			}
-			if err := r.Start(ctx); err != nil && ctx.Err() == nil {
-				return fmt.Errorf("restart %s: %w", r.Name, err)
-			}
-			run.Eventf("%s started again %s after the kill", r.Name, since(t0))
+		key := run.KeyPrefix + "-hold-killed"
+		caught := hook.expect(func(c *hookCall) bool { return c.At == atHoldAfterCommit && c.Key == key })
+		first := &sent{Key: key, Replica: r.Name, done: make(chan placed, 1)}
+		go func() { first.done <- reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 30, key) }()
+		c, err := catch(ctx, caught, first, 2*lockWait)
+		if err != nil {
+			notFired(run, err)
 			return nil
-		},
-	}
+		}
+		t0 := time.Now()
+		err = r.Kill()
+		c.Answer()
+		if err != nil {
+			return fmt.Errorf("kill %s: %w", r.Name, err)
+		}
+		run.Fired("%s killed (SIGKILL) after committing hold %s (key %s), before answering", r.Name, c.Reservation, key)
+		if p := <-first.done; p.status != 0 {
+			run.Violatedf("the killed replica answered %d", p.status)
+		}
+
+		var retry placed
+		for try := range 5 {
+			if retry = reserve(ctx, d.client, other.URL, run.FaultSKU, 1, 30, key); retry.status != 0 && retry.status < 500 {
+				break
+			}
+			if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
+				break
+			}
+		}
+		switch {
+		case retry.status == http.StatusOK && retry.id == c.Reservation:
+			run.Eventf("the retry on %s answered 200 with reservation %s", other.Name, retry.id)
+			run.AckedHold(retry.id, false)
+		case retry.status == 0:
+			run.Violatedf("the retry on %s got no answer: %v", other.Name, retry.err)
+		default:
+			run.Violatedf("the retry on %s answered %d %s with reservation %q, want 200 and %s", other.Name, retry.status, retry.code, retry.id, c.Reservation)
+			if retry.id != "" {
+				run.AckedHold(retry.id, false)
+			}
+		}
+		var n, holds int
+		var reserved int64
+		err = db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM reservations WHERE idempotency_key = ?), "+
+			"(SELECT COUNT(*) FROM reservation_moves WHERE sku = ? AND op = 'hold'), (SELECT reserved FROM inventory WHERE sku = ?)",
+			key, run.FaultSKU, run.FaultSKU).Scan(&n, &holds, &reserved)
+		if err != nil {
+			return err
+		}
+		if n != 1 || holds != 1 || reserved != 1 {
+			run.Violatedf("for key %s MySQL holds %d reservations, %d holds in the ledger and %d reserved; want 1, 1 and 1", key, n, holds, reserved)
+		} else {
+			run.Eventf("MySQL holds one reservation for the key, one hold, 1 reserved")
+		}
+
+		op := []string{"confirm", "cancel"}[run.Rand.IntN(2)]
+		s := settle(ctx, d.client, other.URL, c.Reservation, op)
+		run.Eventf("the %s on %s answered %d %s, %s after the kill", op, other.Name, s.status, s.code, since(t0))
+		if op == "confirm" && s.status == http.StatusOK {
+			run.AckedHold(c.Reservation, true)
+		}
+		if err := r.Start(ctx); err != nil && ctx.Err() == nil {
+			return fmt.Errorf("restart %s: %w", r.Name, err)
+		}
+		run.Eventf("%s started again %s after the kill", r.Name, since(t0))
+		return nil
+	})
 }
 
 // ReservationExpiryRace races a confirm against the reservation's expiry
@@ -242,16 +197,70 @@ func ReservationKillAfterHold() loadtest.Fault {
 // behind it. Exactly one must win: a 200 with its order and no give-back,
 // or a 409 reservation_expired and one give-back by a sweeper.
 func ReservationExpiryRace() loadtest.Fault {
+	return reservationFault(nil, func(ctx context.Context, run *loadtest.Run, d *driver, db *sql.DB, r, other *loadtest.Replica) error {
+		hook := d.hook
+		offset := time.Duration(run.Rand.IntN(800)-150) * time.Millisecond
+
+		h := reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 1, run.KeyPrefix+"-raced")
+		if h.status != http.StatusCreated {
+			notFired(run, fmt.Errorf("the hold to race answered %d %s %v", h.status, h.code, h.err))
+			return nil
+		}
+		run.AckedHold(h.id, false)
+		caught := hook.expect(func(c *hookCall) bool {
+			return c.At == atSettleBeforeWrite && c.Op == "confirm" && c.Reservation == h.id
+		})
+		conf := &sent{Key: h.id, Replica: other.Name, done: make(chan placed, 1)}
+		go func() { conf.done <- settle(ctx, d.client, other.URL, h.id, "confirm") }()
+		c, err := catch(ctx, caught, conf, time.Second)
+		if err != nil {
+			notFired(run, err)
+			return nil
+		}
+		defer c.Answer()
+		var left time.Duration
+		var micros int64
+		err = db.QueryRowContext(ctx, "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM reservations WHERE id = ?", h.id).Scan(&micros)
+		if err != nil {
+			return err
+		}
+		left = time.Duration(micros) * time.Microsecond
+		_ = sleepCtx(ctx, left+offset)
+		c.Answer()
+		run.Fired("the confirm of %s on %s let go at expires_at %+v (MySQL's clock), holding the SKU's lease", h.id, other.Name, offset.Round(time.Millisecond))
+		p := <-conf.done
+		run.Eventf("the confirm answered %d %s", p.status, p.code)
+		switch {
+		case p.status == http.StatusOK:
+			run.AckedHold(h.id, true)
+			return checkGiveBacks(ctx, db, run, h.id, "confirmed", 0)
+		case p.status == http.StatusConflict && p.code == "reservation_expired":
+			if _, err := awaitSettled(ctx, db, h.id, leaseLife(run)+2*lockWait); err != nil {
+				run.Eventf("not swept: %v", err)
+			}
+			return checkGiveBacks(ctx, db, run, h.id, "expired", 1)
+		default:
+			run.Violatedf("the confirm answered %d %s, want 200 or 409 reservation_expired", p.status, p.code)
+			return nil
+		}
+	})
+}
+
+// reservationFault is a fault of the reservations workload on backends
+// (nil: all) whose inject gets the run's driver (its hook), a connection to
+// MySQL, the replica the seed draws and the next one.
+func reservationFault(backends []string, inject func(ctx context.Context, run *loadtest.Run, d *driver, db *sql.DB, r, next *loadtest.Replica) error) loadtest.Fault {
 	var runs perRun[*insideHook]
 	return loadtest.Fault{
 		Workload: loadtest.WorkloadReservations,
+		Backends: backends,
 		Prepare:  hookPrepare(&runs),
 		Inject: func(ctx context.Context, run *loadtest.Run) error {
 			hook, err := runs.get(run)
 			if err != nil {
 				return err
 			}
-			r, other, err := replicas(run)
+			r, next, err := replicas(run)
 			if err != nil {
 				return err
 			}
@@ -262,50 +271,7 @@ func ReservationExpiryRace() loadtest.Fault {
 				return err
 			}
 			defer db.Close()
-			offset := time.Duration(run.Rand.IntN(800)-150) * time.Millisecond
-
-			h := reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 1, run.KeyPrefix+"-raced")
-			if h.status != http.StatusCreated {
-				notFired(run, fmt.Errorf("the hold to race answered %d %s %v", h.status, h.code, h.err))
-				return nil
-			}
-			run.AckedHold(h.id, false)
-			caught := hook.expect(func(c *hookCall) bool {
-				return c.At == atSettleBeforeWrite && c.Op == "confirm" && c.Reservation == h.id
-			})
-			conf := &sent{Key: h.id, Replica: other.Name, done: make(chan placed, 1)}
-			go func() { conf.done <- settle(ctx, d.client, other.URL, h.id, "confirm") }()
-			c, err := catch(ctx, caught, conf, time.Second)
-			if err != nil {
-				notFired(run, err)
-				return nil
-			}
-			defer c.Answer()
-			var left time.Duration
-			var micros int64
-			err = db.QueryRowContext(ctx, "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM reservations WHERE id = ?", h.id).Scan(&micros)
-			if err != nil {
-				return err
-			}
-			left = time.Duration(micros) * time.Microsecond
-			_ = sleepCtx(ctx, left+offset)
-			c.Answer()
-			run.Fired("the confirm of %s on %s let go at expires_at %+v (MySQL's clock), holding the SKU's lease", h.id, other.Name, offset.Round(time.Millisecond))
-			p := <-conf.done
-			run.Eventf("the confirm answered %d %s", p.status, p.code)
-			switch {
-			case p.status == http.StatusOK:
-				run.AckedHold(h.id, true)
-				return checkGiveBacks(ctx, db, run, h.id, "confirmed", 0)
-			case p.status == http.StatusConflict && p.code == "reservation_expired":
-				if _, err := awaitSettled(ctx, db, h.id, leaseLife(run)+2*lockWait); err != nil {
-					run.Eventf("not swept: %v", err)
-				}
-				return checkGiveBacks(ctx, db, run, h.id, "expired", 1)
-			default:
-				run.Violatedf("the confirm answered %d %s, want 200 or 409 reservation_expired", p.status, p.code)
-				return nil
-			}
+			return inject(ctx, run, d, db, r, next)
 		},
 	}
 }
