@@ -173,7 +173,7 @@ func TestReportInBrowser(t *testing.T) {
 		t.Errorf("%d timelines, want one per fault run: %d", len(page.Timelines), len(faults))
 	}
 	for _, r := range faults {
-		tl, ok := page.Timelines[r.Name()]
+		tl, ok := page.Timelines[fmt.Sprintf("%s seed %d", r.Name(), r.Seed)]
 		switch {
 		case !ok:
 			t.Errorf("%s: no timeline", r.Name())
@@ -259,7 +259,7 @@ const pageCheck = `(() => {
   }
   const timelines = {};
   for (const svg of document.querySelectorAll('svg[data-chart="timeline"]')) {
-    const run = svg.getAttribute("data-run");
+    const run = svg.getAttribute("data-run") + " seed " + svg.getAttribute("data-seed");
     if (timelines[run]) problems.push(run + ": two timelines");
     const leases = svg.querySelectorAll("[data-lease]");
     for (const l of leases) if (!/^[0-9]+$/.test(l.getAttribute("data-token") || "")) problems.push(run + ": a lease without its token");

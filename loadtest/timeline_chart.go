@@ -42,8 +42,8 @@ func timelineChart(r Result) template.HTML {
 
 	var b strings.Builder
 	title := fmt.Sprintf("Who held %s, and whose write landed", tl.Key)
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s" data-chart="timeline" data-run="%s">`,
-		chartWidth, height, chartWidth, height, esc(r.Name()+": "+title), esc(r.Name()))
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s" data-chart="timeline" data-run="%s" data-seed="%d">`,
+		chartWidth, height, chartWidth, height, esc(r.Name()+": "+title), esc(r.Name()), r.Seed)
 	b.WriteString(timelineStyle)
 	fmt.Fprintf(&b, `<text x="4" y="16" class="title">%s</text>`, esc(fitText(title, 14, chartWidth-8)))
 	timelineLegend(&b, 4, 36)
