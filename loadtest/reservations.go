@@ -504,19 +504,38 @@ func (rn *Runner) checkoutLoad(ctx context.Context, run *Run, fault Fault, spec 
 		res.Notes = append(res.Notes, fmt.Sprintf("%d requests got no answer, the first: %s", co.NoResponse, co.FirstError))
 	}
 	last := co.LastHold
+	skus := slices.Clone(run.SKUs)
 	if fault.Inject != nil {
-		last = time.Now() // the fault's own holds ended by its return + their TTL
+		last = time.Now() // the fault settles its own holds before it returns, or they expire within the grace
+		skus = append(skus, run.FaultSKU)
 	}
 	if !last.IsZero() {
-		wait := time.Until(last.Add(checkoutTTL + checkoutSweep + settleGrace))
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if err := rn.awaitHoldsEnded(ctx, skus, last.Add(checkoutTTL+checkoutSweep+settleGrace)); err != nil {
+			return nil, err
 		}
 	}
 	res.Phases.Load = since(t0)
 	return &AttackResult{Status: co.Status}, nil
+}
+
+// awaitHoldsEnded waits until no reservation on skus is held any more, or
+// until deadline: a hold still held then is stuck, and the check says so.
+func (rn *Runner) awaitHoldsEnded(ctx context.Context, skus []string, deadline time.Time) error {
+	in, args := placeholders(skus)
+	for time.Now().Before(deadline) {
+		var n int
+		err := rn.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+reservationsTable+" WHERE status = 'held' AND id IN "+
+			"(SELECT reservation_id FROM "+movesTable+" WHERE sku IN "+in+")", args...).Scan(&n)
+		if err == nil && n == 0 {
+			return nil
+		}
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // checkCheckouts fills res from MySQL after a reservations run.

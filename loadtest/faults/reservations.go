@@ -77,12 +77,12 @@ func ReservationSweeperPause() loadtest.Fault {
 		others := othersThan(run, sweeper)
 		for i := range 2 {
 			via := others[i%len(others)]
-			co := reserve(ctx, d.client, via.URL, run.FaultSKU, 1, 10, fmt.Sprintf("%s-during-pause-%d", run.KeyPrefix, i))
+			co := reserve(ctx, d.client, via.URL, run.FaultSKU, 1, 2, fmt.Sprintf("%s-during-pause-%d", run.KeyPrefix, i))
 			if co.status != http.StatusCreated {
 				run.Eventf("a checkout on %s during the pause answered %d %s %v", via.Name, co.status, co.code, co.err)
 				continue
 			}
-			s := settle(ctx, d.client, via.URL, co.id, "confirm")
+			s := settleRetried(ctx, d.client, via.URL, co.id, "confirm")
 			run.AckedHold(co.id, s.status == http.StatusOK)
 			run.Eventf("%s held %s and its confirm answered %d %s, %s into the pause", via.Name, co.id, s.status, s.code, since(t0))
 		}
@@ -122,7 +122,7 @@ func ReservationKillAfterHold() loadtest.Fault {
 		key := run.KeyPrefix + "-hold-killed"
 		caught := hook.expect(func(c *hookCall) bool { return c.At == atHoldAfterCommit && c.Key == key })
 		first := &sent{Key: key, Replica: r.Name, done: make(chan placed, 1)}
-		go func() { first.done <- reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 30, key) }()
+		go func() { first.done <- reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 5, key) }()
 		c, err := catch(ctx, caught, first, 2*lockWait)
 		if err != nil {
 			notFired(run, err)
@@ -141,7 +141,7 @@ func ReservationKillAfterHold() loadtest.Fault {
 
 		var retry placed
 		for try := range 5 {
-			if retry = reserve(ctx, d.client, other.URL, run.FaultSKU, 1, 30, key); retry.status != 0 && retry.status < 500 {
+			if retry = reserve(ctx, d.client, other.URL, run.FaultSKU, 1, 5, key); retry.status != 0 && retry.status < 500 {
 				break
 			}
 			if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
@@ -175,7 +175,7 @@ func ReservationKillAfterHold() loadtest.Fault {
 		}
 
 		op := []string{"confirm", "cancel"}[run.Rand.IntN(2)]
-		s := settle(ctx, d.client, other.URL, c.Reservation, op)
+		s := settleRetried(ctx, d.client, other.URL, c.Reservation, op)
 		run.Eventf("the %s on %s answered %d %s, %s after the kill", op, other.Name, s.status, s.code, since(t0))
 		if op == "confirm" && s.status == http.StatusOK {
 			run.AckedHold(c.Reservation, true)
@@ -313,6 +313,21 @@ func postJSON(ctx context.Context, client *http.Client, url string, body []byte,
 	}
 	_ = json.Unmarshal(b, &o)
 	return placed{status: resp.StatusCode, id: o.ID, code: o.Error.Code}
+}
+
+// settleRetried is settle retried while it gets no answer or a 503 (a
+// lock wait behind a dead or frozen holder), a few times.
+func settleRetried(ctx context.Context, client *http.Client, base, id, op string) placed {
+	var p placed
+	for try := range 5 {
+		if p = settle(ctx, client, base, id, op); p.status != 0 && p.status < 500 {
+			return p
+		}
+		if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
+			break
+		}
+	}
+	return p
 }
 
 // awaitSettled waits up to limit for reservation id to leave held and
