@@ -210,16 +210,18 @@ func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, c
 // since the read the write is based on (ErrConflict: a stale cache entry,
 // to be read again under the same lock).
 func refusal(tx *gorm.DB, guard Guard, sku string, token uint64) error {
-	var row Inventory
-	err := tx.Select("fence").Take(&row, "sku = ?", sku).Error
+	// A locking read sees the row as last committed, as the UPDATE did,
+	// not the transaction's snapshot (taken earlier by a multi-SKU move).
+	var rows []Inventory
+	err := tx.Raw("SELECT fence FROM inventory WHERE sku = ? LOCK IN SHARE MODE", sku).Scan(&rows).Error
 	switch {
-	case errors.Is(err, gorm.ErrRecordNotFound):
-		return ErrUnknownSKU
 	case err != nil:
 		return err
+	case len(rows) == 0:
+		return ErrUnknownSKU
 	case guard == GuardVersion:
 		return ErrConflict
-	case guard == GuardFencing && row.Fence >= token:
+	case guard == GuardFencing && rows[0].Fence >= token:
 		return ErrStaleFence
 	case guard == GuardFencing:
 		return ErrConflict
