@@ -63,8 +63,21 @@ func StartKeepalive(ttl time.Duration, sent time.Time, renew RenewFunc, onFail f
 	return k
 }
 
-// Lost is closed when the lease can no longer be trusted.
-func (k *Keepalive) Lost() <-chan struct{} { return k.lost }
+// Lost is closed when the lease can no longer be trusted. It reads the
+// clock itself rather than trust the expiry timer alone: after a pause
+// (SIGSTOP, a long GC) the holder's first look must find the lease gone,
+// not race the timer that was due to close it meanwhile.
+func (k *Keepalive) Lost() <-chan struct{} {
+	if !k.isLost() {
+		k.mu.Lock()
+		expired := !k.stopped && !time.Now().Before(k.validUntil)
+		k.mu.Unlock()
+		if expired {
+			k.MarkLost()
+		}
+	}
+	return k.lost
+}
 
 // Stop ends renewal and waits until no renewal is in flight, so that a
 // release that follows cannot race a renewal.

@@ -114,3 +114,18 @@ func TestKeepaliveLostWhileRenewalHangs(t *testing.T) {
 	close(unblock)
 	k.Stop()
 }
+
+// A holder resumed after a pause past its lease must find Lost closed at
+// its first look, not once the expiry timer's goroutine gets to run.
+func TestLostReadsTheClock(t *testing.T) {
+	for range 100 {
+		const ttl = time.Minute
+		k := StartKeepalive(ttl, time.Now().Add(-2*ttl), func(context.Context) error { return nil }, nil)
+		select {
+		case <-k.Lost():
+		default:
+			t.Fatal("Lost open on a lease whose validity ended a minute ago")
+		}
+		k.Stop()
+	}
+}

@@ -607,9 +607,21 @@ type lease struct {
 	stopped chan struct{}      // closed when the watcher has ended
 }
 
-func (s *lease) Key() string           { return s.key }
-func (s *lease) Token() uint64         { return uint64(s.rev) }
-func (s *lease) Lost() <-chan struct{} { return s.lost }
+func (s *lease) Key() string   { return s.key }
+func (s *lease) Token() uint64 { return uint64(s.rev) }
+
+// Lost asks the session's keepalive itself, which reads the clock: after a
+// pause, the first look must not race the goroutines that close s.lost.
+func (s *lease) Lost() <-chan struct{} {
+	if !s.released.Load() {
+		select {
+		case <-s.sess.ka.Lost():
+			s.markLost()
+		default:
+		}
+	}
+	return s.lost
+}
 
 func (s *lease) markLost() { s.lostOnce.Do(func() { close(s.lost) }) }
 

@@ -97,7 +97,9 @@ func conformance(t *testing.T, endpoints []string) {
 			})
 			return fp, err
 		},
-		Expiry: ttl,
+		Servers: endpoints,
+		Through: func(addrs []string) backends.Config { return backends.Config{EtcdEndpoints: addrs, TTL: ttl} },
+		Expiry:  ttl,
 	})
 }
 

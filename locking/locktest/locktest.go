@@ -70,6 +70,11 @@ type Backend struct {
 	// back to its level before the run: anything kept per key ever used
 	// grows with the keys.
 	Footprint func(ctx context.Context) (map[string]int, error)
+	// Servers and Through, if set, let the suite put a proxy in front of
+	// each server: Servers are their addresses (host:port) as Config
+	// names them, Through is Config naming addrs, one per server, instead.
+	Servers []string
+	Through func(addrs []string) backends.Config
 }
 
 func (b Backend) ttl() time.Duration {
@@ -142,6 +147,18 @@ func Run(t *testing.T, b Backend) {
 		killedHolderFrees(t, b, prefix+"/killed")
 	})
 	t.Run("ManyKeys", func(t *testing.T) { manyKeys(t, b, prefix+"/many") })
+	t.Run("LostWhenHolderPaused", func(t *testing.T) {
+		if b.InProcess {
+			t.Skip("an in-process lock has no lease to lose")
+		}
+		lostWhenPaused(t, b, prefix+"/paused")
+	})
+	t.Run("LostWhenRenewalsDelayed", func(t *testing.T) {
+		if b.Through == nil {
+			t.Skip("this backend's servers are not proxied in its tests")
+		}
+		lostWhenDelayed(t, b, prefix+"/delayed")
+	})
 	t.Run("CancelledWaiterMidQueue", func(t *testing.T) {
 		if b.QueueConfig == nil {
 			t.Skip("this backend has no queue of waiters to wake")
@@ -814,6 +831,7 @@ const childEnv = "OVERSOLD_LOCKTEST_CHILD"
 
 type request struct {
 	Mode   string // "hold": acquire, say "held", wait for stdin to close; "count": say "ready", wait for a line on stdin, increment a file counter under the lock
+	Watch  bool   // "hold": meanwhile print whether Lost is open (watchLost)
 	Name   string
 	Config backends.Config
 	Key    string
@@ -910,7 +928,16 @@ func child(spec string) int {
 			return 1
 		}
 		fmt.Printf("held %d\n", lease.Token())
+		stop, watched := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(watched)
+			if req.Watch {
+				watchLost(lease, stop)
+			}
+		}()
 		bufio.NewReader(os.Stdin).ReadString('\n') // until the parent closes stdin
+		close(stop)
+		<-watched
 		rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer rcancel()
 		lease.Release(rctx)

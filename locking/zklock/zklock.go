@@ -784,11 +784,20 @@ func (s *lease) Release(ctx context.Context) error {
 	if closed {
 		return notHeld // Close ended the session and deleted the node
 	}
+	// A lease lost before Release began is not held, whatever the
+	// deletes below find: when one is retried, a node found gone may be
+	// the expiry's doing as well as ours.
+	var lostBefore bool
+	select {
+	case <-s.ka.Lost():
+		lostBefore = true
+	default:
+	}
 	s.ka.Stop()
 	retried := false
 	for try := 0; ; try++ {
 		if l.conn.SessionID() != s.session {
-			if retried {
+			if retried && !lostBefore {
 				return nil // whether our delete or the expiry took it, it is gone
 			}
 			s.ka.MarkLost()
@@ -799,7 +808,7 @@ func (s *lease) Release(ctx context.Context) error {
 		case err == nil:
 			return nil
 		case errors.Is(err, zk.ErrNoNode):
-			if retried {
+			if retried && !lostBefore {
 				return nil // our first delete landed; its reply was lost
 			}
 			s.ka.MarkLost()

@@ -104,7 +104,9 @@ func conformance(t *testing.T, servers []string) {
 			})
 			return fp, err
 		},
-		Expiry: ttl,
+		Servers: servers,
+		Through: func(addrs []string) backends.Config { return backends.Config{ZKServers: addrs, TTL: ttl} },
+		Expiry:  ttl,
 	})
 }
 
