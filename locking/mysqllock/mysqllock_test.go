@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/locktest"
@@ -18,6 +20,17 @@ func TestMain(m *testing.M) { locktest.Main(m) }
 
 func TestConformance(t *testing.T) {
 	dsn := testbed.MySQL(t)
+	var (
+		servers []string
+		through func([]string) backends.Config
+	)
+	if cfg, err := mysql.ParseDSN(dsn); err == nil && cfg.Net == "tcp" {
+		servers = []string{cfg.Addr}
+		through = func(addrs []string) backends.Config {
+			cfg.Addr = addrs[0]
+			return backends.Config{MySQLDSN: cfg.FormatDSN(), TTL: time.Second}
+		}
+	}
 	locktest.Run(t, locktest.Backend{
 		Name:   "mysql",
 		Config: backends.Config{MySQLDSN: dsn, TTL: time.Second},
@@ -52,6 +65,8 @@ func TestConformance(t *testing.T) {
 			})
 			return n, err
 		},
+		Servers: servers,
+		Through: through,
 	})
 }
 
