@@ -23,7 +23,7 @@ func BenchmarkMySQL(b *testing.B) {
 	dsn := testbed.MySQL(b)
 	runServer(b, "mysql", mysqlVersion(b, dsn), []impl{
 		ours("mysql", backends.Config{MySQLDSN: dsn},
-			"lock table row (the lease and the token); waiters block in GET_LOCK on the key's named lock, which the holder releases when it hands the row over (a named lock marks it released: one commit per handoff, the grant's); renews, fences with a token column"),
+			"lock table row (the lease and the token); waiters block in GET_LOCK on the key's named lock, which the holder releases in the statement that frees the row; renews, fences with a token column"),
 		{
 			name: "get-lock",
 			wait: fmt.Sprintf("GET_LOCK(name, %d): the server wakes the next waiter; one dedicated connection per contender; no lease, no token", getLockWait),

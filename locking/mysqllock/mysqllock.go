@@ -10,16 +10,14 @@
 // time_zone nor a daylight-saving change moves an expiry.
 //
 //   - Acquire is one statement: INSERT ... ON DUPLICATE KEY UPDATE inserts the
-//     row, or takes it over when its lease has run out, it was freed, or its
-//     holder handed it over (below), bumping token; InnoDB's row lock makes
-//     the check and the grant atomic.
+//     row, or takes it over when its lease has run out (or it was released),
+//     bumping token; InnoDB's row lock makes the check and the grant atomic.
 //     LAST_INSERT_ID(expr) hands the new token back in the same round trip,
 //     and 0 when someone else holds the key.
 //   - A waiter blocks in GET_LOCK on the key's named lock, which the holder
-//     took before its grab and gives up in the statement that ends its
-//     lease, so a release wakes the next waiter at once (queue.go). The
-//     named lock is only a wake-up: the row (and a handed-over lease's
-//     mark, which only its Release takes) grants the key. Where the named lock
+//     took before its grab and gives up in the statement that frees the row,
+//     so a release wakes the next waiter at once (queue.go). The named lock
+//     is only a wake-up: the row alone grants the key. Where the named lock
 //     cannot help (its holder is not the row's, no connection to spare), a
 //     waiter polls the holder's remaining lease with a plain SELECT (a
 //     consistent read: no row lock, so waiters never delay the holder's
@@ -29,14 +27,8 @@
 //   - The holder renews every TTL/3 through locking.Keepalive with an UPDATE
 //     that matches only its own, unexpired row, so a renewal never revives an
 //     expired lease or extends someone else's (REFERENCES.md, lesson 3).
-//   - Release ends the lease only while the row is still this lease's and
-//     unexpired; otherwise it returns ErrNotHeld. A queued holder hands the
-//     row over without writing it: it takes a named lock that says "released"
-//     (releaseName) and gives up the key's named lock, in one statement with
-//     no commit; the woken waiter's grab takes the row over because that
-//     mark is held. The mark lingers a few ms, then the row is freed if
-//     nobody took it (queue.go). An unqueued holder frees the row (empty
-//     owner, expiry in the past).
+//   - Release frees the row (empty owner, expiry in the past) only while it is
+//     still this lease's and unexpired; otherwise it returns ErrNotHeld.
 //
 // # Token
 //
@@ -72,14 +64,12 @@
 //     statement is bounded by TTL/3; only a grab that times out can land
 //     later still, and nobody renews it, so it frees within TTL like a dead
 //     holder's.
-//   - Every grant is a commit, flushed to disk under the default
-//     innodb_flush_log_at_trx_commit=1 (the token must survive a crash): a
-//     hot key changes hands at most about once per flush, where a bare
-//     GET_LOCK writes nothing. A handoff costs that one commit; a release
-//     nobody takes over costs a second one, after the linger, off the
-//     caller's path. A database that crashes before that second commit, or
-//     a holder that dies while its mark lingers, leaves the row held until
-//     its lease expires, as a dead holder does.
+//   - Every grant and every release is a commit, flushed to disk under the
+//     default innodb_flush_log_at_trx_commit=1: a hot key changes hands at
+//     most about once per flush, where a bare GET_LOCK writes nothing. The
+//     token's durability needs the grant's flush; the release's is only
+//     overlapped with the next grant (the named lock is released before the
+//     commit, see freeQueued).
 //   - Only a fallback polls (a holder whose connection to the named lock
 //     died, or that came in while no queue connection was spare): then the
 //     key idles until the first waiter's next poll, at most MaxPoll.
@@ -131,22 +121,20 @@ const createTable = `CREATE TABLE IF NOT EXISTS oversold_locks (
 	expires_at DATETIME(6)     NOT NULL
 ) ENGINE=InnoDB`
 
-// grab inserts the row or takes over one that is free: its lease ran out,
-// it was released, or its holder handed it over (releaseName's mark is
-// held: queue.go). The assignments see columns already assigned to their
-// left: owner decides, once, against the old row, and token and expires_at
-// follow it (a new owner is random, never the old one). LAST_INSERT_ID(expr)
-// sets the id the server returns with the result, and the last call wins: 1
-// for a new row (VALUES is evaluated before the duplicate is found),
-// token+1 for a takeover, 0 when the row stays someone else's. Parameters
-// are repeated rather than read with VALUES(), which MySQL 8 deprecates.
-// Args: key, owner, ttl µs, owner, owner, owner, ttl µs.
+// grab inserts the row or takes over an expired one. The assignments see
+// columns already assigned to their left, so expires_at, which every IF
+// tests, is assigned last. LAST_INSERT_ID(expr) sets the id the server
+// returns with the result, and the last call wins: 1 for a new row (VALUES
+// is evaluated before the duplicate is found), token+1 for a takeover, 0
+// when the row stays someone else's. Parameters are repeated rather than
+// read with VALUES(), which MySQL 8 deprecates.
+// Args: key, owner, ttl µs, owner, ttl µs.
 const grab = `INSERT INTO oversold_locks (lock_key, owner, token, expires_at)
 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
-	owner      = IF(expires_at < UTC_TIMESTAMP(6) OR IS_USED_LOCK(CONCAT('` + releasePrefix + `', owner)) IS NOT NULL, ?, owner),
-	token      = IF(owner = ?, LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)),
-	expires_at = IF(owner = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
+	owner      = IF(expires_at < UTC_TIMESTAMP(6), ?, owner),
+	token      = IF(expires_at < UTC_TIMESTAMP(6), LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)),
+	expires_at = IF(expires_at < UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
 
 // remaining reads the holder's lease left, in µs (<= 0 or no row: free),
 // and whether the holder holds the key's named lock (queue.go).
@@ -176,9 +164,7 @@ type Locker struct {
 	closed     bool
 	idleQueue  []*queueConn   // queue connections kept for reuse
 	queueOut   int            // queue connections out of the pool
-	lingering  int            // of which handed-over leases' marks (linger)
-	closing    chan struct{}  // closed by Close: lingering ends at once
-	background sync.WaitGroup // grabs that may outlive their Acquire, lingering marks
+	background sync.WaitGroup // grabs that may outlive their Acquire
 }
 
 // statements are prepared once per Locker, so each costs one round trip:
@@ -209,7 +195,7 @@ func New(db *sql.DB, cfg Config) *Locker {
 		cfg.MaxPoll = 32 * time.Millisecond
 	}
 	cfg.MaxPoll = max(cfg.MaxPoll, cfg.MinPoll)
-	return &Locker{db: db, cfg: cfg, leases: make(map[*lease]struct{}), closing: make(chan struct{})}
+	return &Locker{db: db, cfg: cfg, leases: make(map[*lease]struct{})}
 }
 
 // Acquire takes the lock on key, waiting in the key's queue (queue.go)
@@ -369,7 +355,7 @@ func (l *Locker) grabOnce(ctx context.Context, key, owner string) (uint64, error
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.TTL/3)
 	defer cancel()
 	ttl := l.cfg.TTL.Microseconds()
-	res, err := l.stmts.Load().grab.ExecContext(gctx, key, owner, ttl, owner, owner, owner, ttl)
+	res, err := l.stmts.Load().grab.ExecContext(gctx, key, owner, ttl, owner, ttl)
 	var token int64
 	if err == nil {
 		token, err = res.LastInsertId()
@@ -505,9 +491,6 @@ var errClosed = errors.New("locker closed")
 // caller owns.
 func (l *Locker) Close() error {
 	l.mu.Lock()
-	if !l.closed {
-		close(l.closing)
-	}
 	l.closed = true
 	held := l.leases
 	l.leases = make(map[*lease]struct{})
@@ -549,9 +532,9 @@ func (s *lease) renew(ctx context.Context) error {
 	return rowsOrNotHeld(res, err)
 }
 
-// Release stops renewal, then ends the lease if the row is still ours
-// (free), and gives up the key's named lock. After a failure to reach the
-// database it may be called again.
+// Release stops renewal, then frees the row if it is still ours, and gives
+// up the key's named lock. After a failure to reach the database it may be
+// called again.
 func (s *lease) Release(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -580,69 +563,26 @@ func (s *lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// free ends the lease: a queued one hands the row over (handOver, then
-// linger), an unqueued one frees it.
+// free frees the row, and gives up the named lock if it holds it: in the
+// same statement when it frees the row (queue.go), else on its own.
 func (s *lease) free(ctx context.Context) error {
-	l := s.locker
 	qc := s.queue
 	if qc == nil {
-		res, err := l.stmts.Load().free.ExecContext(ctx, s.key, s.owner)
+		res, err := s.locker.stmts.Load().free.ExecContext(ctx, s.key, s.owner)
 		return rowsOrNotHeld(res, err)
 	}
 	s.queue = nil
-	q, r := queueName(s.key), releaseName(s.owner)
-	var state int
-	err := qc.hand.QueryRowContext(ctx, s.key, s.owner, q, r, q).Scan(&state)
-	switch {
-	case err == nil && state >= 20:
-		l.linger(qc, s.key, s.owner, r)
-		return nil
-	case err == nil && state >= 10:
-		l.putQueueConn(qc, true)
-		return locking.ErrNotHeld
+	q := queueName(s.key)
+	res, err := qc.free.ExecContext(ctx, s.key, s.owner, q)
+	err = rowsOrNotHeld(res, err)
+	clean := err == nil // the statement released q
+	if err != nil {
+		// Whether it reached RELEASE_LOCK is unknown: make sure.
+		_, uerr := qc.unlock(ctx, q)
+		clean = uerr == nil
 	}
-	// Unmarked, or unknown (an error): free the row as an unqueued lease
-	// does, then close the connection, giving up whatever it holds.
-	res, ferr := l.stmts.Load().free.ExecContext(ctx, s.key, s.owner)
-	l.putQueueConn(qc, false)
-	return rowsOrNotHeld(res, ferr)
-}
-
-// linger keeps a handed-over lease's mark r on qc for releaseLinger, then
-// frees the row if nobody took it over and gives up the mark (unmark): a
-// grab always finds the mark or the freed row. A row it fails to free
-// expires within TTL, as a dead holder's.
-func (l *Locker) linger(qc *queueConn, key, owner, r string) {
-	l.mu.Lock()
-	if l.closed { // Close is waiting for the background, or done
-		l.mu.Unlock()
-		l.free(context.Background(), key, owner)
-		l.putQueueConn(qc, false)
-		return
-	}
-	wait := releaseLinger
-	if l.lingering >= maxLingering {
-		wait = 0
-	}
-	l.lingering++
-	l.background.Add(1) // under mu, as in grab
-	l.mu.Unlock()
-	go func() {
-		defer l.background.Done()
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-l.closing:
-		}
-		t.Stop()
-		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL/3)
-		_, err := qc.unmark.ExecContext(ctx, key, r, owner)
-		cancel()
-		l.mu.Lock()
-		l.lingering--
-		l.mu.Unlock()
-		l.putQueueConn(qc, err == nil)
-	}()
+	s.locker.putQueueConn(qc, clean)
+	return err
 }
 
 // rowsOrNotHeld maps an UPDATE that matched no row to ErrNotHeld. Our

@@ -14,14 +14,11 @@ import (
 // (a named lock held by the lease holder), so a release wakes the next one
 // at once instead of leaving the key idle until somebody's next poll.
 //
-// The named lock is only a wake-up: the row decides who holds the key,
-// so mutual exclusion, tokens, renewal and Lost do not depend on it. A
-// holder takes the named lock before its grab and gives it up when it ends
-// its lease; a waiter that wins the named lock grabs the row. The release
-// mark (handOver) does grant: a row whose owner's mark is held is free. It
-// is safe because only that owner's Release takes the mark, after its
-// renewals stopped, and owners are random per grant; a mark that vanishes
-// early (its connection died) only makes the row wait for its expiry. Whatever goes wrong with the named lock (a holder
+// The named lock is only a wake-up: the row alone decides who holds the
+// key, exactly as without the queue, so mutual exclusion, tokens, renewal
+// and Lost do not depend on it. A holder takes the named lock before its
+// grab and gives it up after freeing the row; a waiter that wins the named
+// lock grabs the row. Whatever goes wrong with the named lock (a holder
 // paused past its lease still holding it, a connection killed, no queue
 // connection to spare) costs a wait bounded by the row's lease, or falls
 // back to polling; the owner column says whether its holder holds the named
@@ -50,54 +47,22 @@ const (
 
 // queueConn is a connection out of the pool, with its named-lock statements.
 type queueConn struct {
-	conn                   *sql.Conn
-	get, rel, hand, unmark *sql.Stmt
+	conn           *sql.Conn
+	get, rel, free *sql.Stmt
 }
 
-// handOver ends a queued lease without writing the row, so without a
-// commit to flush: it marks the lease released with a named lock of its own
-// (releaseName, on the queue connection), then releases the key's named
-// lock, waking the next waiter, whose grab takes the row over because the
-// mark is held. One commit per handoff (the grant's), where freeing the row
-// cost a second. The held check comes first, so a lease that already lapsed
-// marks nothing; CASE evaluates in order, so the mark exists before anyone
-// wakes. Answers 10 + RELEASE_LOCK (not held; the named lock given up),
-// 20 + RELEASE_LOCK (handed over), or 0 (no mark: the named lock is kept).
-// Args: key, owner, queue name, release name, queue name.
-const handOver = `SELECT CASE
-	WHEN NOT EXISTS (SELECT 1 FROM oversold_locks WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6))
-		THEN 10 + COALESCE(RELEASE_LOCK(?), 0)
-	WHEN GET_LOCK(?, 0) = 1 THEN 20 + COALESCE(RELEASE_LOCK(?), 0)
-	ELSE 0 END`
-
-// unmark ends a handed-over lease's linger (on the connection holding the
-// mark): it frees the row if it is still the lease's (nobody took it over)
-// and gives up the mark, in one statement. The mark goes while the
-// statement holds the row's lock, before its commit, so a grab that did
-// not see the mark waits for the commit and finds the row freed. The
-// product with 0 keeps RELEASE_LOCK evaluated whatever the row says.
-// Args: key, release name, owner.
-const unmark = `UPDATE oversold_locks SET owner = '', expires_at = '1970-01-01'
-WHERE lock_key = ? AND 0 * COALESCE(RELEASE_LOCK(?), 0) + (owner = ? AND expires_at >= UTC_TIMESTAMP(6))`
-
-// releasePrefix + owner names the mark of a lease handed over. Only
-// handOver takes it, after its holder stopped using the lease, so while it
-// is held the row is as good as free; it goes once the row is freed or
-// taken over (linger). Owners are 32 characters: 45 of GET_LOCK's 64.
-const releasePrefix = "oversold_rel/"
-
-func releaseName(owner string) string { return releasePrefix + owner }
-
-// A handed-over row stays written as its holder's while its mark is held:
-// releaseLinger, the time a woken waiter needs to take it over in its grab.
-// Then the row is freed for good, which writes (and flushes) only if nobody
-// took it over: an UPDATE that matches no row commits without a redo write.
-// At most maxLingering connections linger; beyond that the row is freed at
-// once, off the caller's path still.
-const (
-	releaseLinger = 5 * time.Millisecond
-	maxLingering  = 4
-)
+// freeQueued is free (mysqllock.go) that also releases the named lock, after
+// the row is locked and matched and before the statement commits: the waiter
+// it wakes finds the row free, or waits for its row lock, which InnoDB
+// releases before it flushes the commit to disk, so the next grant's commit
+// overlaps this one's flush instead of following it. RELEASE_LOCK returns 1,
+// 0 or NULL, so the condition it adds is always true; when the row does not
+// match, the caller releases the named lock on its own. (RELEASE_LOCK makes
+// the statement unsafe for statement-based binlogs: MIXED logs it by row.)
+// Args: key, owner, name.
+const freeQueued = `UPDATE oversold_locks SET owner = '', expires_at = '1970-01-01'
+WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)
+	AND COALESCE(RELEASE_LOCK(?), 0) >= 0`
 
 // queueName is the named lock of key: GET_LOCK names are at most 64
 // characters, keys up to 255 bytes, so the name carries a hash. A
@@ -150,10 +115,7 @@ func (l *Locker) openQueueConn(ctx context.Context) (*queueConn, error) {
 		qc.rel, err = conn.PrepareContext(ctx, "SELECT RELEASE_LOCK(?)")
 	}
 	if err == nil {
-		qc.hand, err = conn.PrepareContext(ctx, handOver)
-	}
-	if err == nil {
-		qc.unmark, err = conn.PrepareContext(ctx, unmark)
+		qc.free, err = conn.PrepareContext(ctx, freeQueued)
 	}
 	if err != nil {
 		qc.discard()
@@ -194,7 +156,7 @@ func (l *Locker) closeIdleQueue() {
 // discard closes the connection itself rather than returning it to the
 // pool: a pooled connection must not carry a named lock.
 func (qc *queueConn) discard() {
-	for _, st := range []*sql.Stmt{qc.get, qc.rel, qc.hand, qc.unmark} {
+	for _, st := range []*sql.Stmt{qc.get, qc.rel, qc.free} {
 		if st != nil {
 			st.Close()
 		}

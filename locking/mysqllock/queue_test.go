@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
-	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
 )
 
@@ -26,17 +25,6 @@ func newLocker(t *testing.T, dsn string, poll time.Duration) *mysqllock.Locker {
 		db.Close()
 	})
 	return l
-}
-
-// openDB opens a pool of the test's own, closed when it ends.
-func openDB(t *testing.T, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
 }
 
 // A release wakes the waiter at once: with polling every 5 s, only the
@@ -93,7 +81,11 @@ func TestReleaseWakesWaiter(t *testing.T) {
 // taken: the wait on it is bounded by MaxPoll.
 func TestStaleNamedLockDoesNotBlock(t *testing.T) {
 	dsn := testbed.MySQL(t)
-	db := openDB(t, dsn)
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	conn, err := db.Conn(ctx)
@@ -177,87 +169,5 @@ func TestDroppedQueueConnection(t *testing.T) {
 	}
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// A release hands the row over instead of writing it: n handoffs between
-// two Lockers cost n row writes (the grants), not 2n (grants and frees).
-// It counts the server's row updates (Handler_update), so other writers can only
-// make it fail, never pass.
-func TestHandoverWritesOnce(t *testing.T) {
-	dsn := testbed.MySQL(t)
-	const poll = 5 * time.Second // a waiter that polls instead of being woken times out the test
-	lockers := []*mysqllock.Locker{newLocker(t, dsn, poll), newLocker(t, dsn, poll)}
-	db := openDB(t, dsn)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	updated := func() int64 {
-		var name string
-		var n int64
-		if err := db.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE 'Handler_update'").Scan(&name, &n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	const key = "sku/handover"
-	lease, err := lockers[0].Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := updated()
-	const n = 20
-	for i := 1; i <= n; i++ {
-		// The other Locker queues, then the holder releases: a handoff.
-		next := make(chan error, 1)
-		var got locking.Lease
-		go func() {
-			l, err := lockers[i%2].Acquire(ctx, key)
-			got = l
-			next <- err
-		}()
-		time.Sleep(20 * time.Millisecond) // queued by now
-		if err := lease.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-next:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(poll / 2):
-			t.Fatalf("handoff %d: the waiter was not woken", i)
-		}
-		if got.Token() != lease.Token()+1 {
-			t.Fatalf("handoff %d: token %d after %d", i, got.Token(), lease.Token())
-		}
-		lease = got
-	}
-	writes := updated() - before
-	if err := lease.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if writes > n+n/4 {
-		t.Errorf("%d handoffs wrote %d rows: the release writes the row instead of handing it over", n, writes)
-	}
-	t.Logf("%d handoffs, %d row writes", n, writes)
-	// Every mark goes once its row is taken over or freed: none is left
-	// on a pooled connection.
-	if _, err := db.ExecContext(ctx, "INSTALL SONAME 'metadata_lock_info'"); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(time.Second)
-	for {
-		var marks int
-		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.METADATA_LOCK_INFO
-			WHERE LOCK_TYPE = 'User lock' AND TABLE_SCHEMA LIKE 'oversold_rel/%'`).Scan(&marks); err != nil {
-			t.Fatal(err)
-		}
-		if marks == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d release marks still held 1s after the last release", marks)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
