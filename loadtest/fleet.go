@@ -34,8 +34,9 @@ type Fleet struct {
 	Replicas []*Replica
 
 	cfg   FleetConfig
-	mu    sync.Mutex // Add's: it may run concurrently with itself
-	names int        // replicas named so far
+	mu    sync.Mutex   // Add's: it may run concurrently with itself
+	names int          // replicas named so far
+	ports map[int]bool // ports given to replicas so far
 }
 
 // Replica is one orderd OS process on its own loopback port.
@@ -91,16 +92,26 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	return f, nil
 }
 
-// newReplica names the next replica and picks its port.
+// newReplica names the next replica and picks its port, one no replica of
+// the fleet has: the kernel may hand a probed port out again before anyone
+// binds it, and a replica that then fails to bind would look ready through
+// the other one's /readyz (seen once in 240 lab runs: a retry refused).
 func (f *Fleet) newReplica(env map[string]string) (*Replica, error) {
-	port, err := freePort()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	port, err := pickPort()
+	for err == nil && f.ports[port] {
+		port, err = pickPort()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	f.mu.Lock()
+	if f.ports == nil {
+		f.ports = map[int]bool{}
+	}
+	f.ports[port] = true
 	f.names++
 	name := fmt.Sprintf("r%d", f.names)
-	f.mu.Unlock()
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	return &Replica{
 		Name: name,
@@ -358,6 +369,9 @@ func replicaEnv(parent []string, settings map[string]string, addr, name string) 
 	}
 	return append(env, "OVERSOLD_ADDR="+addr, "OVERSOLD_INSTANCE="+name)
 }
+
+// pickPort is freePort; tests replace it.
+var pickPort = freePort
 
 // freePort asks the kernel for an unused loopback port. Another process could
 // take it before the replica binds it; the replica then fails at start and

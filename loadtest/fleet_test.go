@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -167,5 +168,30 @@ func TestFleetStartFailureNamesTheSetting(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "exited at start") || !strings.Contains(err.Error(), "OVERSOLD_LOCK") {
 		t.Errorf("error %q does not quote the replica's reason", err)
+	}
+}
+
+// Replicas of a fleet never share a port, even when the kernel hands the
+// same free port out twice in a row.
+func TestFleetPortsDistinct(t *testing.T) {
+	ports := []int{40001, 40001, 40001, 40002, 40002, 40003}
+	pickPort = func() (int, error) {
+		p := ports[0]
+		ports = ports[1:]
+		return p, nil
+	}
+	t.Cleanup(func() { pickPort = freePort })
+	f := &Fleet{}
+	var got []string
+	for range 3 {
+		r, err := f.newReplica(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.addr)
+	}
+	want := []string{"127.0.0.1:40001", "127.0.0.1:40002", "127.0.0.1:40003"}
+	if !slices.Equal(got, want) {
+		t.Errorf("replica addresses %v, want %v", got, want)
 	}
 }
