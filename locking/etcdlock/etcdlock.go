@@ -62,7 +62,9 @@
 // grants a new session. One session per Locker keeps Acquire at one round
 // trip; a session per lease would add a grant and a revoke to each. So
 // Release stops the lease's own watch, not the session's renewal, which
-// serves the other leases and cannot bring a deleted key back.
+// serves the other leases and cannot bring a deleted key back. Close
+// revokes the session; it waits for a grant under way, so that a session
+// granted while it closes is revoked too rather than renewed by nobody.
 //
 // # Token
 //
