@@ -154,11 +154,15 @@ type Slice struct {
 	P99      float64 `json:"p99"`
 }
 
-// Name is the run's label: "redis/none", "none/atomic", with the fault if any.
+// Name is the run's label: "redis/none", "none/atomic", with the fault if
+// any, else with the workload if not orders ("redis/none+reservations").
 func (r Result) Name() string {
 	name := r.Backend + "/" + r.Guard
-	if r.Fault != "" {
-		name += "+" + r.Fault
+	switch {
+	case r.Fault != "":
+		name += "+" + r.Fault // the reservations' faults say their workload
+	case r.Workload != "":
+		name += "+" + r.Workload
 	}
 	return name
 }

@@ -52,7 +52,9 @@ type Spec struct {
 }
 
 // Name is the run's label, as in Result.Name.
-func (s Spec) Name() string { return Result{Backend: s.Backend, Guard: s.Guard, Fault: s.Fault}.Name() }
+func (s Spec) Name() string {
+	return Result{Backend: s.Backend, Guard: s.Guard, Fault: s.Fault, Workload: s.Workload}.Name()
+}
 
 // Fault disturbs a run. Both steps are optional.
 type Fault struct {

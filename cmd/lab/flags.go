@@ -79,7 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(io.Discard) // errors are reported in one line by the caller
 	var backendList, guardList string
 	fs.StringVar(&backendList, "backends", "", "comma-separated lock backends: none,"+strings.Join(backends.Names, ",")+
-		"\n(default: all of them with guard none, plus none with guards version and atomic)")
+		"\n(default: all of them with guard none, plus none with guards version and atomic, plus one reservations run per backend)")
 	fs.StringVar(&guardList, "guards", "", "comma-separated guards, crossed with --backends: "+strings.Join(guardNames(), ",")+" (default none)")
 	c.replicas, c.skus = 3, 1
 	fs.Var(intList{&c.replicas, &c.sweep.replicas}, "replicas", "orderd replicas behind the balancer; with --sweep a comma-separated list, 1,2,3,4 unless given")
@@ -182,7 +182,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	case "orders":
 	case loadtest.WorkloadReservations:
 		if !given["skus"] {
-			c.skus = 4
+			c.skus = defaultCheckoutSKUs
 		}
 	default:
 		return c, badFlag("workload", "want orders or reservations, got %q", c.workload)
@@ -324,8 +324,31 @@ func (c config) specs() []loadtest.Spec {
 			}
 		}
 	}
+	if c.backends == nil && c.guards == nil && c.specWorkload() == "" {
+		// The default experiment also runs checkouts: one reservations
+		// run per backend, guard none, small enough to keep the whole
+		// default within a few minutes on 2 cores.
+		for _, b := range backends.Names {
+			for i := range max(c.repeat, 1) {
+				specs = append(specs, loadtest.Spec{
+					Backend: b, Guard: "none", Replicas: c.replicas,
+					Stock: c.stock, SKUs: defaultCheckoutSKUs, Requests: defaultCheckouts, Rate: c.rate, Workers: min(c.workers, defaultCheckoutWorkers),
+					WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: c.seed + int64(i), Topology: c.specTopology(),
+					Workload: loadtest.WorkloadReservations,
+				})
+			}
+		}
+	}
 	return specs
 }
+
+// The default experiment's reservations runs: checkouts, hot SKUs and
+// workers of each (--skus' default for the workload).
+const (
+	defaultCheckouts       = 200
+	defaultCheckoutSKUs    = 4
+	defaultCheckoutWorkers = 32
+)
 
 // specWorkload is Spec.Workload: "" for direct orders.
 func (c config) specWorkload() string {

@@ -79,7 +79,8 @@ func TestSpecs(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "[local/none redis/none redlock/none zookeeper/none mysql/none etcd/none none/version none/atomic]"},
+		{nil, "[local/none redis/none redlock/none zookeeper/none mysql/none etcd/none none/version none/atomic " +
+			"local/none+reservations redis/none+reservations redlock/none+reservations zookeeper/none+reservations mysql/none+reservations etcd/none+reservations]"},
 		{[]string{"--backends", "none", "--guards", "version,atomic"}, "[none/version none/atomic]"},
 		{[]string{"--backends", "redis,etcd"}, "[redis/none etcd/none]"},
 		{[]string{"--backends", "redis, redis ,local", "--guards", "none,fencing"}, "[redis/none redis/fencing local/none local/fencing]"},
@@ -93,6 +94,12 @@ func TestSpecs(t *testing.T) {
 		var names []string
 		for _, s := range cfg.specs() {
 			names = append(names, s.Name())
+			if s.Workload != "" {
+				if s.Replicas != 3 || s.Stock != 100 || s.Requests != defaultCheckouts || s.SKUs != defaultCheckoutSKUs || s.Guard != "none" {
+					t.Errorf("%q: reservations spec %+v lacks the defaults", tc.args, s)
+				}
+				continue
+			}
 			if s.Replicas != 3 || s.Stock != 100 || s.Requests != 600 || s.SKUs != 1 {
 				t.Errorf("%q: spec %+v lacks the defaults", tc.args, s)
 			}
