@@ -13,9 +13,11 @@ import (
 
 // TestLabReservations: the reservations workload end to end (three orderd
 // processes, real MariaDB and Redis, the redis lock, guard version):
-// checkouts hold, confirm, cancel and abandon; once every hold has ended
-// MySQL keeps every invariant, nothing is left reserved or stuck, and the
-// report shows the reservations table and timeline.
+// checkouts of 1 to 3 SKUs, lines in random order, hold, confirm, cancel
+// and abandon across the processes, none waiting out its lock wait (no
+// deadlock); once every hold has ended MySQL keeps every invariant, the
+// stock ledger explains every row, nothing is left reserved or stuck, and
+// the report shows the reservations table and timeline.
 func TestLabReservations(t *testing.T) {
 	needServers(t)
 	out := t.TempDir()
@@ -41,7 +43,17 @@ func TestLabReservations(t *testing.T) {
 		t.Errorf("unsafe: reserved left %d, double settled %d, stuck %d, oversold %d, lost updates %d, lost acks %d",
 			*r.ReservedLeft, *r.DoubleSettled, *r.StuckHolds, r.Oversold, r.LostUpdates, r.LostAcks)
 	}
+	if r.LedgerMismatch == nil || *r.LedgerMismatch != 0 {
+		t.Errorf("ledger mismatch %v, want 0: every row explained by the stock ledger", r.LedgerMismatch)
+	}
 	c := r.Checkouts
+	// Holds of 1 to 3 SKUs in random line order across three processes:
+	// a deadlock would show as lock_timeout (503), or as no answer.
+	for outcome, n := range c {
+		if strings.Contains(outcome, " 5") || strings.Contains(outcome, "no answer") {
+			t.Errorf("%d checkouts got %q: want none (no deadlock, nothing unavailable)", n, outcome)
+		}
+	}
 	if c["hold 201"] == 0 || c["confirm 200"] == 0 || c["cancel 200"] == 0 || c["abandoned"] == 0 {
 		t.Errorf("checkouts %v: want holds, confirms, cancels and abandoned holds", c)
 	}
