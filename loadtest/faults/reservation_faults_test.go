@@ -32,7 +32,7 @@ func assertSettledOnce(t *testing.T, r loadtest.Result) {
 // another replica's sweeper expires the hold and checkouts on the other
 // replicas hold and confirm on its SKU. The resumed expiry must not give
 // the hold back a second time: the status change refuses it under every
-// guard, guard none included.
+// guard, guard none included (the fault checks the ledger for its hold).
 func TestReservationSweeperPause(t *testing.T) {
 	for _, guard := range []string{"none", "fencing"} {
 		t.Run("redis/"+guard, func(t *testing.T) {
@@ -41,10 +41,17 @@ func TestReservationSweeperPause(t *testing.T) {
 			if !eventSays(r, "'s sweeper expired") {
 				t.Errorf("no other sweeper expired the hold during the pause: %v", r.FaultEvents)
 			}
-			assertSettledOnce(t, r)
+			// The fault's own hold: given back once (checkGiveBacks).
+			if len(r.Violations) > 0 || !eventSays(r, "is expired, given back 1 times") {
+				t.Errorf("the swept hold: violations %v; events %v", r.Violations, r.FaultEvents)
+			}
 			if guard == "fencing" {
+				assertSettledOnce(t, r)
 				assertSafe(t, r)
 			}
+			// Guard none is reported only: SIGSTOP freezes the whole
+			// replica, which may also be inside a checkout of the run's
+			// hot SKUs between its read and its write (pause-holder).
 		})
 	}
 }
