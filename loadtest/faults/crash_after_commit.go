@@ -11,16 +11,17 @@ import (
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
-// CrashAfterCommit kills a replica after its order committed and before it
-// answered, then retries the same Idempotency-Key on another replica, as a
-// client whose connection died would. The fault drives that one order
+// CrashAfterCommit kills a replica after its orders committed and before
+// it answered, then retries each Idempotency-Key on another replica, as a
+// client whose connection died would. The fault drives those orders
 // itself, alongside the load, on the run's fault SKU (the load may have
-// sold the others out): it goes straight to the seeded victim, which
-// is killed (SIGKILL) at the hook after COMMIT (and after the cache update,
-// before the release and the reply). The retry must answer 200 with the
-// order MySQL holds for the key, one order for the key, one decrement: the
-// dedupe lives in the order transaction (a UNIQUE key), not beside it. The
-// victim is started again afterwards.
+// sold the others out): a batch of them (enterBatch) goes straight to the
+// seeded victim, which is killed (SIGKILL) at the hook after COMMIT (and
+// after the cache update, before the release and the reply). Each retry
+// of a committed key must answer 200 with the order MySQL holds for it,
+// one order per key, one decrement: the dedupe lives in the order
+// transaction (a UNIQUE key), not beside it. The victim is started again
+// afterwards.
 func CrashAfterCommit() loadtest.Fault {
 	var runs perRun[*insideHook]
 	return loadtest.Fault{
@@ -36,51 +37,29 @@ func CrashAfterCommit() loadtest.Fault {
 			}
 			ctx, d := drive(ctx, run, hook)
 			defer d.close()
-			victim, first := d.enter(ctx, r, atAfterCommit, "crash")
+			victim, first, batch := d.enterBatch(ctx, r, atAfterCommit, "crash")
 			if victim == nil {
 				return nil
 			}
-			key, sku := first.Key, run.FaultSKU
 			t0 := time.Now()
 			err = r.Kill()
 			victim.Answer()
 			if err != nil {
 				return fmt.Errorf("kill %s: %w", r.Name, err)
 			}
-			run.Fired("%s killed (SIGKILL) after committing order key %s, before answering", victim, key)
-			if p := <-first.done; p.status != 0 {
+			run.Fired("%s killed (SIGKILL) after committing the batch of order key %s, before answering", victim, first.Key)
+			if p := d.wait(ctx, first, lockWait); p.status != 0 {
 				run.Violatedf("the killed replica answered %d", p.status)
 			}
-
-			// The client retries the key on the next replica, a few times.
-			var retry placed
-			for try := range 5 {
-				if retry = place(ctx, d.client, other.URL, sku, key); retry.status != 0 && retry.status < 500 {
-					break
-				}
-				if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
-					break
+			// The client retries each key of the batch on the next replica.
+			// A key MySQL holds (the struck batch's) must get that order
+			// back (200); one that never reached it (queued behind the
+			// batch, or too late for it) a new one; either way one order.
+			for _, s := range batch {
+				if err := retryAfterCrash(ctx, d, run, other, s.Key, s == first); err != nil {
+					return err
 				}
 			}
-			switch {
-			case retry.status == http.StatusOK:
-				run.Eventf("the retry on %s answered 200 with order %s", other.Name, retry.id)
-				run.Acked(retry.id)
-			case retry.status == 0:
-				run.Violatedf("the retry on %s got no answer: %s", other.Name, retry.err)
-			default:
-				run.Violatedf("the retry on %s answered %d, want 200 and the committed order", other.Name, retry.status)
-			}
-			n, err := ordersWithKey(ctx, run.Servers.MySQLDSN, key)
-			if err != nil {
-				return err
-			}
-			if n != 1 {
-				run.Violatedf("MySQL holds %d orders for key %s, want 1", n, key)
-			} else {
-				run.Eventf("MySQL holds exactly one order for the key")
-			}
-
 			if err := r.Start(ctx); err != nil && ctx.Err() == nil {
 				return fmt.Errorf("restart %s: %w", r.Name, err)
 			}
@@ -88,6 +67,57 @@ func CrashAfterCommit() loadtest.Fault {
 			return nil
 		},
 	}
+}
+
+// retryAfterCrash retries key on replica other, as a client whose
+// connection died would, and checks that MySQL then holds one order for
+// it, the committed one when there was one (as there must be for the key
+// whose batch was struck after its commit: struck).
+func retryAfterCrash(ctx context.Context, d *driver, run *loadtest.Run, other *loadtest.Replica, key string, struck bool) error {
+	before, err := ordersWithKey(ctx, run.Servers.MySQLDSN, key)
+	if err != nil {
+		return err
+	}
+	if struck && before != 1 {
+		run.Violatedf("MySQL holds %d orders for key %s, committed before the crash; want 1", before, key)
+	}
+	var retry placed
+	for try := range 5 {
+		if retry = place(ctx, d.client, other.URL, run.FaultSKU, key); retry.status != 0 && retry.status < 500 {
+			break
+		}
+		if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
+			break
+		}
+	}
+	want := http.StatusOK // the committed order, replayed
+	if before == 0 {
+		want = http.StatusCreated
+	}
+	switch {
+	case retry.status == want || (want == http.StatusCreated && retry.status == http.StatusConflict):
+		// 409: out of stock for a key that was never sold.
+		run.Eventf("the retry of %s on %s answered %d %s%s", key, other.Name, retry.status, retry.id, retry.code)
+		if retry.status != http.StatusConflict {
+			run.Acked(retry.id)
+		}
+	case retry.status == 0:
+		run.Violatedf("the retry of %s on %s got no answer: %s", key, other.Name, retry.err)
+	default:
+		run.Violatedf("the retry of %s on %s answered %d %s, want %d", key, other.Name, retry.status, retry.code, want)
+	}
+	n, err := ordersWithKey(ctx, run.Servers.MySQLDSN, key)
+	if err != nil {
+		return err
+	}
+	want = 1
+	if before == 0 && retry.status == http.StatusConflict {
+		want = 0
+	}
+	if n != want {
+		run.Violatedf("MySQL holds %d orders for key %s after the retry (%d before), want %d", n, key, before, want)
+	}
+	return nil
 }
 
 // placed is what one POST /v1/orders got: status 0 when no answer came.

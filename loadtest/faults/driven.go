@@ -32,16 +32,23 @@ type driver struct {
 	hook   *insideHook
 	client *http.Client
 	cancel context.CancelFunc
+	ctx    context.Context
+	later  []*sent // waited for by close: enterBatch's other orders
 }
 
 // drive returns a driver for run's own orders and the context they go on
 // with: it does not end with the load, only after faultLimit or close.
 func drive(ctx context.Context, run *loadtest.Run, hook *insideHook) (context.Context, *driver) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), faultLimit)
-	return ctx, &driver{run: run, hook: hook, client: &http.Client{Timeout: 30 * time.Second}, cancel: cancel}
+	return ctx, &driver{run: run, hook: hook, client: &http.Client{Timeout: 30 * time.Second}, cancel: cancel, ctx: ctx}
 }
 
+// close waits for the orders left to it (their answers are the run's: an
+// acknowledged one is checked), then ends the driver's context.
 func (d *driver) close() {
+	for _, s := range d.later {
+		d.wait(d.ctx, s, faultLimit/2)
+	}
 	d.cancel()
 	d.client.CloseIdleConnections()
 }
@@ -102,7 +109,7 @@ func catch(ctx context.Context, ch <-chan *hookCall, s *sent, limit time.Duratio
 	case c := <-ch:
 		return c, nil
 	case p := <-s.done:
-		s.got = &p
+		s.done <- p // for wait, which accounts for the answer
 		if p.err != nil {
 			return nil, fmt.Errorf("order %s on %s got no answer before the hook: %w", s.Key, s.Replica, p.err)
 		}
@@ -135,6 +142,70 @@ func (d *driver) enter(ctx context.Context, r *loadtest.Replica, point, name str
 		return nil, s
 	}
 	return c, s
+}
+
+// batchOrders is how many of the fault's own orders the struck critical
+// section sells under enterBatch: coalescing on (OVERSOLD_BATCH_MAX > 1),
+// the fault strikes a batch, not a lone order.
+const batchOrders = 4
+
+// queueSettle is how long enterBatch gives its queued orders to reach the
+// replica before the holder in front of them lets go. One arriving later
+// is sold in a batch of its own after the struck one; the replicas' write
+// records (orders per write) show what each batch held.
+const queueSettle = 200 * time.Millisecond
+
+// enterBatch is enter for a coalesced batch on replica r: a first order
+// ("name-front") is held inside its critical section at before-write while
+// name and batchOrders-1 more (name-2, name-3, ...) queue behind it on r;
+// let go, it leaves them to be sold together, one acquisition and one
+// transaction, and that batch is caught at hook point. The call is the
+// batch's (the hook names its first order), at is that order and batch
+// every order sent for it (name's first). d.close waits for the front
+// order and for every order of batch not waited for, so each answer is
+// accounted. A nil call means the fault found nothing to strike, as enter.
+func (d *driver) enterBatch(ctx context.Context, r *loadtest.Replica, point, name string) (c *hookCall, at *sent, batch []*sent) {
+	front, fs, err := d.sendCaught(ctx, r, atBeforeWrite, name+"-front", 2*lockWait)
+	d.later = append(d.later, fs)
+	if err != nil {
+		notFired(d.run, err)
+		return nil, nil, nil
+	}
+	keys := map[string]bool{}
+	for i := range batchOrders {
+		n := name
+		if i > 0 {
+			n = fmt.Sprintf("%s-%d", name, i+1)
+		}
+		keys[d.run.KeyPrefix+"-"+n] = true
+	}
+	caught := d.hook.expect(func(c *hookCall) bool {
+		return c.At == point && c.Replica == r.Name && c.SKU == d.run.FaultSKU && keys[c.Key]
+	})
+	for i := range batchOrders {
+		n := name
+		if i > 0 {
+			n = fmt.Sprintf("%s-%d", name, i+1)
+		}
+		batch = append(batch, d.send(ctx, r, n))
+	}
+	d.later = append(d.later, batch...)
+	err = sleepCtx(ctx, queueSettle)
+	front.Answer()
+	if err == nil {
+		c, err = catch(ctx, caught, batch[0], 2*lockWait)
+	}
+	if err != nil {
+		notFired(d.run, err)
+		return nil, nil, batch
+	}
+	at = batch[0]
+	for _, s := range batch {
+		if s.Key == c.Key {
+			at = s
+		}
+	}
+	return c, at, batch
 }
 
 // byKey matches the call of the order with key at hook point point.

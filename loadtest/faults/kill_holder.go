@@ -12,11 +12,12 @@ import (
 // KillHolder crashes a replica (SIGKILL) while it holds a lock, inside its
 // critical section before the write: the lease stays on the server until it
 // expires (TTL, session timeout), so the SKU takes no order until then. The
-// fault drives the orders itself, on the run's fault SKU: the struck
-// replica's (the seed draws it), killed at the hook before the write, then
+// fault drives the orders itself, on the run's fault SKU: a batch on the
+// struck replica (the seed draws it; enterBatch), killed at the hook before
+// the write, then
 // one to the next replica at once, which waits for the dead holder's lease.
 // The run's recovery_ms is that wait: from the kill to the second order's
-// answer. Nothing is retried: the killed order gets no answer, and nothing
+// answer. Nothing is retried: the killed orders get no answer, and nothing
 // acknowledged may be lost. The killed replica is started again, so the
 // load goes on with every replica.
 func KillHolder() loadtest.Fault {
@@ -35,7 +36,7 @@ func KillHolder() loadtest.Fault {
 			}
 			ctx, d := drive(ctx, run, hook)
 			defer d.close()
-			c, first := d.enter(ctx, r, atBeforeWrite, "killed")
+			c, first, _ := d.enterBatch(ctx, r, atBeforeWrite, "killed")
 			if c == nil {
 				return nil
 			}

@@ -20,8 +20,8 @@ const innodbTrxRefresh = 150 * time.Millisecond
 
 // MySQLConnectionKill kills the replicas' MariaDB connections in the middle
 // of their order transactions, a few times per run. The fault drives those
-// orders itself, on the run's fault SKU, one replica after another: each is
-// caught at the hook before COMMIT (its guarded UPDATE and order INSERT
+// orders itself, on the run's fault SKU, one replica after another: a batch
+// on each (enterBatch) is caught at the hook before COMMIT (its guarded UPDATE and order INSERT
 // sent, not committed), every connection to the run's database with an open
 // InnoDB transaction is killed (KILL CONNECTION), load's included, then the
 // replica goes on and its COMMIT fails. MariaDB rolls the whole transaction
@@ -55,7 +55,7 @@ func MySQLConnectionKill() loadtest.Fault {
 			for i := range connectionKills {
 				r := run.Fleet.Replicas[(first+i)%len(run.Fleet.Replicas)]
 				name := fmt.Sprintf("killed-conn-%d", i+1)
-				c, o := d.enter(ctx, r, atBeforeCommit, name)
+				c, o, _ := d.enterBatch(ctx, r, atBeforeCommit, name)
 				if c == nil {
 					continue
 				}

@@ -22,10 +22,10 @@ var leaseBackends = []string{"redis", "redlock", "zookeeper", "mysql", "etcd"}
 // the flow's one Lost() check: the frozen replica resumes past that check
 // and writes with a lease it no longer holds, and no check made before a
 // pause can see one (SIGSTOP freezes its watchdog and session goroutines
-// too, which a sleep would not). The fault drives the two orders itself, on
-// the run's fault SKU: one to the struck replica (the seed draws it), one to
-// the next replica once the first is frozen; the second waits for the lease
-// to expire, takes the lock, and writes. Guard none: the resumed write
+// too, which a sleep would not). The fault drives the orders itself, on
+// the run's fault SKU: a batch to the struck replica (the seed draws it;
+// enterBatch), one order to the next replica once the first is frozen;
+// the second waits for the lease to expire, takes the lock, and writes. Guard none: the resumed write
 // overwrites it with a stock read before it (a lost update). Guard fencing:
 // the resumed write carries an older token than the fence the second
 // holder left: refused (409 lock_lost). Guard version: the version moved:
@@ -61,7 +61,7 @@ func pauseHolder(point string) loadtest.Fault {
 			defer d.close()
 			life := leaseLife(run)
 
-			c, first := d.enter(ctx, r, point, "paused")
+			c, first, _ := d.enterBatch(ctx, r, point, "paused")
 			if c == nil {
 				return nil
 			}

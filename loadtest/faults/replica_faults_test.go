@@ -1,6 +1,7 @@
 package faults_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/oversold-lab/oversold/loadtest"
@@ -29,6 +30,7 @@ func TestPauseHolder(t *testing.T) {
 			}
 			assertSafe(t, r)
 			assertRefused(t, r)
+			assertStruckBatch(t, r, "refused")
 		})
 	}
 	t.Run("local is not applicable", func(t *testing.T) {
@@ -120,8 +122,46 @@ func TestCrashAfterCommit(t *testing.T) {
 				t.Errorf("the crash and retry did not happen: %v", r.FaultEvents)
 			}
 			assertSafe(t, r)
+			// The batch committed whole, and each of its keys, retried,
+			// got its order back (the fault checks each one: violations).
+			assertStruckBatch(t, r, "committed")
+			if n := countEvents(r, "answered 200"); n < 2 {
+				t.Errorf("%d retries answered 200 with the committed order, want one per order of the struck batch: %v", n, r.FaultEvents)
+			}
 		})
 	}
+}
+
+// assertStruckBatch: the fault struck a coalesced batch, not a lone order
+// (coalescing is on by default): the replicas' write records show a write
+// of the fault's own SKU, with outcome, that carried more than one order.
+// enterBatch queues 4; one that reached the replica too late for the batch
+// (its queueSettle is a wait, not a handshake) is sold after it.
+func assertStruckBatch(t *testing.T, r loadtest.Result, outcome string) {
+	t.Helper()
+	_, writes, err := loadtest.ReadRecords(r.ReplicaLogs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	most := 0
+	for _, w := range writes {
+		if strings.HasPrefix(w.SKU, "fault-") && w.Outcome == outcome {
+			most = max(most, w.Orders)
+		}
+	}
+	if most < 2 {
+		t.Errorf("%s: the largest %s write of the fault's SKU carried %d orders, want a batch (4 queued)", r.Name(), outcome, most)
+	}
+}
+
+func countEvents(r loadtest.Result, part string) int {
+	n := 0
+	for _, e := range r.FaultEvents {
+		if strings.Contains(e, part) {
+			n++
+		}
+	}
+	return n
 }
 
 // assertFired fails a run whose fault never struck: its invariants would
