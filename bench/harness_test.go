@@ -185,6 +185,12 @@ func runServer(b *testing.B, server, version string, impls []impl) {
 	// Printed here, before any sub-benchmark: a line printed while one runs
 	// would split its result line.
 	fmt.Printf("oversold-server: %s %s\n", server, version)
+	// The machine is shared: the load when each run began goes in the table.
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			fmt.Printf("oversold-load: %s %s\n", server, f[0])
+		}
+	}
 	for _, im := range impls {
 		fmt.Printf("oversold-impl: %s %s %s\n", server, im.name, im.wait)
 	}

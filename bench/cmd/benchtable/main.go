@@ -6,6 +6,13 @@
 // named by -o. Output of a failed run is refused (exit status 1), so a
 // table never hides a benchmark that broke.
 //
+// Repeated runs (-count N, or several outputs concatenated) are paired: the
+// k-th result of ours with the k-th result of each peer in the same
+// workload, which ran next to it, so a ratio is always taken within one
+// run. Each cell is the median over the runs, each ratio the median of the
+// per-run ratios with their range: on a shared machine one run's ratio
+// can move by 2x.
+//
 //	go run ./bench/cmd/benchtable -o bench/results.md < bench/bench.out
 package main
 
@@ -38,9 +45,9 @@ type server struct {
 	waits         [][2]string // implementation, how its waiters wait
 	workloads     []string
 	impls         []string
-	// results[workload][impl][unit] is the mean over repeated runs (-count).
-	results map[string]map[string]map[string]float64
-	counts  map[string]map[string]int
+	// runs[workload][impl] holds each run's figures by unit, in order.
+	runs  map[string]map[string][]map[string]float64
+	loads []float64 // the 1-minute load average when each run began
 }
 
 // report is everything parsed from one benchmark run.
@@ -55,11 +62,7 @@ func (r *report) server(name string) *server {
 			return s
 		}
 	}
-	s := &server{
-		name:    name,
-		results: map[string]map[string]map[string]float64{},
-		counts:  map[string]map[string]int{},
-	}
+	s := &server{name: name, runs: map[string]map[string][]map[string]float64{}}
 	r.servers = append(r.servers, s)
 	return s
 }
@@ -114,10 +117,20 @@ func parse(in io.Reader) (*report, error) {
 				f := strings.SplitN(v, " ", 3)
 				if len(f) == 3 {
 					s := r.server(f[0])
-					s.waits = append(s.waits, [2]string{f[1], f[2]})
+					if w := [2]string{f[1], f[2]}; !slices.Contains(s.waits, w) {
+						s.waits = append(s.waits, w)
+					}
+				}
+			case "oversold-load":
+				name, load, _ := strings.Cut(v, " ")
+				if x, err := strconv.ParseFloat(load, 64); err == nil {
+					s := r.server(name)
+					s.loads = append(s.loads, x)
 				}
 			default:
-				r.config[k] = v
+				if _, seen := r.config[k]; !seen { // the first run's
+					r.config[k] = v
+				}
 			}
 		}
 	}
@@ -144,24 +157,39 @@ func (r *report) add(name, rest string) error {
 	}
 	s := r.server(strings.ToLower(parts[0]))
 	w, im := parts[1], parts[2]
-	if s.results[w] == nil {
-		s.results[w] = map[string]map[string]float64{}
-		s.counts[w] = map[string]int{}
+	if s.runs[w] == nil {
+		s.runs[w] = map[string][]map[string]float64{}
 		s.workloads = append(s.workloads, w)
 	}
 	if !slices.Contains(s.impls, im) {
 		s.impls = append(s.impls, im)
 	}
-	old, n := s.results[w][im], s.counts[w][im]
-	if old == nil {
-		old = map[string]float64{}
-		s.results[w][im] = old
-	}
-	for u, v := range metrics { // running mean over repeats
-		old[u] = (old[u]*float64(n) + v) / float64(n+1)
-	}
-	s.counts[w][im] = n + 1
+	s.runs[w][im] = append(s.runs[w][im], metrics)
 	return nil
+}
+
+// value is the median over the runs of im's unit in workload w.
+func (s *server) value(w, im, unit string) (float64, bool) {
+	var xs []float64
+	for _, m := range s.runs[w][im] {
+		if x, ok := m[unit]; ok {
+			xs = append(xs, x)
+		}
+	}
+	if len(xs) == 0 {
+		return 0, false
+	}
+	return median(xs), true
+}
+
+func median(xs []float64) float64 {
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
 // best returns the best peer's value for unit in workload w, and its name:
@@ -172,7 +200,7 @@ func (s *server) best(w, unit string, higher bool) (name string, v float64, ok b
 		if im == ours {
 			continue
 		}
-		x, found := s.results[w][im][unit]
+		x, found := s.value(w, im, unit)
 		if !found {
 			continue
 		}
@@ -198,9 +226,40 @@ func ratio(oursV, peerV float64, higher bool) (float64, bool) {
 	return peerV / oursV, true
 }
 
-// comparison is one cell triple of the summary: ours, best peer, ratio.
+// ratios are ours against the best peer of the same run, run by run: the
+// k-th results of each implementation in a workload ran side by side.
+func (s *server) ratios(w, unit string, higher bool) []float64 {
+	var xs []float64
+	for k, o := range s.runs[w][ours] {
+		ov, ok := o[unit]
+		if !ok {
+			continue
+		}
+		var best float64
+		found := false
+		for _, im := range s.impls {
+			if im == ours || k >= len(s.runs[w][im]) {
+				continue
+			}
+			x, ok := s.runs[w][im][k][unit]
+			if ok && (!found || higher && x > best || !higher && x < best) {
+				best, found = x, true
+			}
+		}
+		if !found {
+			continue
+		}
+		if x, ok := ratio(ov, best, higher); ok {
+			xs = append(xs, x)
+		}
+	}
+	return xs
+}
+
+// comparison is one cell triple of the summary: ours, best peer (medians
+// over the runs), and the median of the per-run ratios with their range.
 func (s *server) comparison(w, unit string, higher bool) []string {
-	o, haveOurs := s.results[w][ours][unit]
+	o, haveOurs := s.value(w, ours, unit)
 	name, p, havePeer := s.best(w, unit, higher)
 	cells := []string{"—", "—", "—"}
 	if haveOurs {
@@ -209,12 +268,27 @@ func (s *server) comparison(w, unit string, higher bool) []string {
 	if havePeer {
 		cells[1] = num(p) + " " + name
 	}
-	if haveOurs && havePeer {
-		if x, ok := ratio(o, p, higher); ok {
-			cells[2] = fmt.Sprintf("%.2f", x)
+	if xs := s.ratios(w, unit, higher); len(xs) > 0 {
+		cells[2] = fmt.Sprintf("%.2f", median(xs))
+		if len(xs) > 1 {
+			cells[2] += fmt.Sprintf(" (%.2f-%.2f)", slices.Min(xs), slices.Max(xs))
 		}
 	}
 	return cells
+}
+
+// runCount is how many runs the report holds: the most results any
+// implementation has in any workload.
+func (r *report) runCount() int {
+	n := 0
+	for _, s := range r.servers {
+		for _, byImpl := range s.runs {
+			for _, runs := range byImpl {
+				n = max(n, len(runs))
+			}
+		}
+	}
+	return n
 }
 
 // num keeps about three significant digits.
@@ -253,6 +327,10 @@ func (r *report) write(w io.Writer) {
 	if v := r.config["oversold-setup"]; v != "" {
 		fmt.Fprintf(w, "Setup: %s.\n\n", v)
 	}
+	if n := r.runCount(); n > 1 {
+		fmt.Fprintf(w, "Runs: %d. Every figure is the median over the runs; every ratio is the median of the %d per-run ratios "+
+			"(ours against the best peer of the same run, which ran right after it), with their range.\n\n", n, n)
+	}
 	fmt.Fprintf(w, "Every ratio reads > 1 when ours is better: acq/s is ours ÷ best peer, "+
 		"handoff (one holder's Release called to another contender's Acquire returned) is best peer ÷ ours. "+
 		"acq/s counts a releaser taking the lock straight back, which sleep-and-retry waiters let it do; "+
@@ -262,6 +340,9 @@ func (r *report) write(w io.Writer) {
 			continue
 		}
 		fmt.Fprintf(w, "\n## %s (%s)\n\n", s.name, s.version)
+		if len(s.loads) > 0 {
+			fmt.Fprintf(w, "Load average (1 min) when each run began: %s.\n\n", loads(s.loads))
+		}
 		for _, wt := range s.waits {
 			fmt.Fprintf(w, "- %s: %s\n", wt[0], wt[1])
 		}
@@ -280,13 +361,12 @@ func (r *report) write(w io.Writer) {
 		row(w, "---", "---", "---:", "---:", "---:", "---:")
 		for _, wl := range s.workloads {
 			for _, im := range s.impls {
-				m, ok := s.results[wl][im]
-				if !ok {
+				if len(s.runs[wl][im]) == 0 {
 					continue
 				}
 				cells := []string{wl, im}
 				for _, u := range []string{acqPerSec, handoffP50, handoffP99, waitP99} {
-					if v, ok := m[u]; ok {
+					if v, ok := s.value(wl, im, u); ok {
 						cells = append(cells, num(v))
 					} else {
 						cells = append(cells, "—")
@@ -296,6 +376,14 @@ func (r *report) write(w io.Writer) {
 			}
 		}
 	}
+}
+
+func loads(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.FormatFloat(x, 'f', 1, 64)
+	}
+	return strings.Join(parts, ", ")
 }
 
 func main() {
