@@ -27,31 +27,31 @@ func assertSettledOnce(t *testing.T, r loadtest.Result) {
 	}
 }
 
-// TestReservationSweeperPause: the sweeper expiring the fault's hold is
-// frozen between its reads and its transaction, past its leases, while
-// another replica's sweeper expires the hold and checkouts on the other
-// replicas hold and confirm on its SKU. The resumed expiry must not give
-// the hold back a second time: the status change refuses it under every
-// guard, guard none included (the fault checks the ledger for its hold).
+// TestReservationSweeperPause: a replica frozen, its sweeper with it, in
+// the middle of a cancel of a long-lived hold, between its read of the
+// SKU's row and its write, past its leases, while another replica's
+// sweeper expires a hold on the same SKU and checkouts hold and confirm
+// there. Guard none writes the stale read: the row and the stock ledger
+// disagree. Version and fencing refuse it, the cancel runs again from a
+// fresh read, and every invariant holds. (Delete the version condition of
+// storage.applyMoves and the guarded cells fail: checked by hand.)
 func TestReservationSweeperPause(t *testing.T) {
-	for _, guard := range []string{"none", "fencing"} {
+	for _, guard := range []string{"none", "version", "fencing"} {
 		t.Run("redis/"+guard, func(t *testing.T) {
 			r := runFault(t, reservations("reservation-sweeper-pause", "redis", guard))
 			assertFired(t, r)
 			if !eventSays(r, "'s sweeper expired") {
-				t.Errorf("no other sweeper expired the hold during the pause: %v", r.FaultEvents)
+				t.Errorf("no other sweeper expired the swept hold during the pause: %v", r.FaultEvents)
 			}
-			// The fault's own hold: given back once (checkGiveBacks).
-			if len(r.Violations) > 0 || !eventSays(r, "is expired, given back 1 times") {
-				t.Errorf("the swept hold: violations %v; events %v", r.Violations, r.FaultEvents)
+			if guard == "none" {
+				if r.LedgerMismatch == nil || *r.LedgerMismatch == 0 {
+					t.Errorf("guard none: ledger mismatch %v, want > 0: the stale cancel overwrote the others' writes (%v)", r.LedgerMismatch, r.FaultEvents)
+				}
+				return
 			}
-			if guard == "fencing" {
-				assertSettledOnce(t, r)
-				assertSafe(t, r)
-			}
-			// Guard none is reported only: SIGSTOP freezes the whole
-			// replica, which may also be inside a checkout of the run's
-			// hot SKUs between its read and its write (pause-holder).
+			assertRefused(t, r)
+			assertSettledOnce(t, r)
+			assertSafe(t, r)
 		})
 	}
 }

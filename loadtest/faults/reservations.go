@@ -20,65 +20,72 @@ import (
 // (reservation_moves) counts each reservation's give-backs, so a double
 // give-back is seen, not only a wrong sum.
 
-// ReservationSweeperPause freezes (SIGSTOP) the replica whose sweeper is
-// expiring the fault's reservation, at the hook between its reads (the
-// reservation held, the SKU's row) and its transaction, holding the lock
-// `sweeper` and the SKU's lease. It stays frozen past both leases while
-// another replica's sweeper takes the lock `sweeper` and the SKU, and while
-// checkouts on the other replicas hold and confirm on the same SKU; then it
-// resumes and sends its expiry with its stale read. The reservation must be
-// given back once: the paused expiry's status change finds it no longer
-// held (every guard), and its sweeper token is below the fence the newer
-// sweeper left.
+// ReservationSweeperPause freezes (SIGSTOP) a replica in the middle of a
+// cancel, at the hook between its reads (the reservation held, the SKU's
+// row) and its transaction, holding the SKU's lease; its sweeper, and the
+// lock `sweeper` if it holds it, freeze with it. The cancelled hold lives
+// a minute, so no sweeper can take it away: the cancel's status change
+// will succeed, and only the guard stands between its stale read and the
+// row. The replica stays frozen past its leases while another replica's
+// sweeper expires the fault's one-second hold on the same SKU and
+// checkouts on the other replicas hold and confirm there; then it resumes
+// and writes the cancel from its stale read. Guard none overwrites what
+// the others wrote (the stock ledger and the row disagree: an oversell);
+// version and fencing refuse the write, the cancel runs again from a
+// fresh read, and every invariant holds.
+//
+// A stale expiry by the frozen sweeper itself cannot do this harm: the
+// conditional status change refuses it once another sweeper expired the
+// hold (ErrSettled), before the sweeper fence or any stock write.
 func ReservationSweeperPause() loadtest.Fault {
-	// With none or local there is no lock `sweeper` to lose.
+	// With none or local there is no lease to outlive.
 	return reservationFault(leaseBackends, func(ctx context.Context, run *loadtest.Run, d *driver, db *sql.DB, r, _ *loadtest.Replica) error {
 		hook := d.hook
 		life := leaseLife(run)
 
-		// A hold of one second, abandoned: a sweeper expires it.
-		h := reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 1, run.KeyPrefix+"-swept")
-		if h.status != http.StatusCreated {
-			notFired(run, fmt.Errorf("the hold to sweep answered %d %s %v", h.status, h.code, h.err))
-			return nil
+		// The hold the frozen replica cancels: long enough that nothing
+		// but the cancel settles it.
+		kept := reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 60, run.KeyPrefix+"-cancelled")
+		// A hold of one second, abandoned: another replica's sweeper
+		// expires it during the pause.
+		swept := reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 1, run.KeyPrefix+"-swept")
+		for _, h := range []placed{kept, swept} {
+			if h.status != http.StatusCreated {
+				notFired(run, fmt.Errorf("a hold of the fault answered %d %s %v", h.status, h.code, h.err))
+				return nil
+			}
+			run.AckedHold(h.id, false)
 		}
-		run.AckedHold(h.id, false)
-		run.Eventf("%s held reservation %s for 1 s, to be swept", r.Name, h.id)
+		run.Eventf("%s held reservations %s for 60 s, to be cancelled, and %s for 1 s, to be swept", r.Name, kept.id, swept.id)
+
 		caught := hook.expect(func(c *hookCall) bool {
-			return c.At == atSettleBeforeWrite && c.Op == "expire" && c.Reservation == h.id
+			return c.At == atSettleBeforeWrite && c.Op == "cancel" && c.Reservation == kept.id
 		})
-		var c *hookCall
-		select {
-		case c = <-caught:
-		case <-time.After(time.Second + life + 2*lockWait):
-			notFired(run, fmt.Errorf("no sweeper reached reservation %s's transaction", h.id))
+		cancel := &sent{Key: kept.id, Replica: r.Name, done: make(chan placed, 1)}
+		go func() { cancel.done <- settle(ctx, d.client, r.URL, kept.id, "cancel") }()
+		c, err := catch(ctx, caught, cancel, 2*lockWait)
+		if err != nil {
+			notFired(run, err)
 			return nil
-		case <-ctx.Done():
-			return ctx.Err()
 		}
 		defer c.Answer()
-		sweeper := byName(run, c.Replica)
-		if sweeper == nil {
-			c.Answer()
-			notFired(run, fmt.Errorf("the sweeper %s is not a replica of the run", c.Replica))
-			return nil
-		}
-		resume, err := pause(sweeper)
+		resume, err := pause(r)
 		if err != nil {
 			return err
 		}
 		defer resume()
 		t0 := time.Now()
-		run.Fired("%s's sweeper frozen (SIGSTOP) expiring %s: %s, holding the lock `sweeper` and the SKU's lease", sweeper.Name, h.id, c)
+		run.Fired("%s frozen (SIGSTOP) with its sweeper, cancelling %s: %s, holding the SKU's lease", r.Name, kept.id, c)
 
 		// Checkouts on the same SKU through the other replicas while it
 		// is frozen: each waits for the frozen lease, then holds and
 		// confirms.
-		others := othersThan(run, sweeper)
+		others := othersThan(run, r)
 		for i := range 2 {
 			via := others[i%len(others)]
-			co := reserve(ctx, d.client, via.URL, run.FaultSKU, 1, 2, fmt.Sprintf("%s-during-pause-%d", run.KeyPrefix, i))
-			if co.status != http.StatusCreated {
+			key := fmt.Sprintf("%s-during-pause-%d", run.KeyPrefix, i)
+			co := retried(ctx, func() placed { return reserve(ctx, d.client, via.URL, run.FaultSKU, 1, 10, key) })
+			if co.status != http.StatusCreated && co.status != http.StatusOK {
 				run.Eventf("a checkout on %s during the pause answered %d %s %v", via.Name, co.status, co.code, co.err)
 				continue
 			}
@@ -86,25 +93,29 @@ func ReservationSweeperPause() loadtest.Fault {
 			run.AckedHold(co.id, s.status == http.StatusOK)
 			run.Eventf("%s held %s and its confirm answered %d %s, %s into the pause", via.Name, co.id, s.status, s.code, since(t0))
 		}
-		// Another sweeper expires the reservation meanwhile: the frozen
-		// one's leases are gone.
-		by, err := awaitSettled(ctx, db, h.id, 2*life+2*lockWait)
+		by, err := awaitSettled(ctx, db, swept.id, 2*life+2*lockWait)
 		switch {
 		case err != nil:
-			run.Eventf("reservation %s not settled during the pause: %v", h.id, err)
-		case by == sweeper.Name:
-			run.Eventf("reservation %s settled by %s itself?", h.id, by)
+			run.Eventf("reservation %s not swept during the pause: %v", swept.id, err)
 		default:
-			run.Eventf("%s's sweeper expired %s %s into the pause", by, h.id, since(t0))
+			run.Eventf("%s's sweeper expired %s %s into the pause", by, swept.id, since(t0))
 		}
 		_ = sleepCtx(ctx, 2*life-time.Since(t0))
 		if err := resume(); err != nil {
-			return fmt.Errorf("resume %s: %w", sweeper.Name, err)
+			return fmt.Errorf("resume %s: %w", r.Name, err)
 		}
 		c.Answer()
-		run.Eventf("%s resumed (SIGCONT) after %s and sent its expiry with its stale read", sweeper.Name, since(t0))
-		_ = sleepCtx(ctx, time.Second) // its transaction, refused or not
-		return checkGiveBacks(ctx, db, run, h.id, "expired", 1)
+		p := <-cancel.done
+		run.Eventf("%s resumed (SIGCONT) after %s and sent its cancel with the row it read before the pause: %d %s", r.Name, since(t0), p.status, p.code)
+		if p.status != http.StatusOK {
+			// Refused (fencing: the lease is lost); the client tries again.
+			p = settleRetried(ctx, d.client, r.URL, kept.id, "cancel")
+			run.Eventf("the cancel tried again answered %d %s", p.status, p.code)
+		}
+		if err := checkGiveBacks(ctx, db, run, swept.id, "expired", 1); err != nil {
+			return err
+		}
+		return checkGiveBacks(ctx, db, run, kept.id, "cancelled", 1)
 	})
 }
 
@@ -139,15 +150,7 @@ func ReservationKillAfterHold() loadtest.Fault {
 			run.Violatedf("the killed replica answered %d", p.status)
 		}
 
-		var retry placed
-		for try := range 5 {
-			if retry = reserve(ctx, d.client, other.URL, run.FaultSKU, 1, 5, key); retry.status != 0 && retry.status < 500 {
-				break
-			}
-			if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
-				break
-			}
-		}
+		retry := retried(ctx, func() placed { return reserve(ctx, d.client, other.URL, run.FaultSKU, 1, 5, key) })
 		switch {
 		case retry.status == http.StatusOK && retry.id == c.Reservation:
 			run.Eventf("the retry on %s answered 200 with reservation %s", other.Name, retry.id)
@@ -318,12 +321,17 @@ func postJSON(ctx context.Context, client *http.Client, url string, body []byte,
 // settleRetried is settle retried while it gets no answer or a 503 (a
 // lock wait behind a dead or frozen holder), a few times.
 func settleRetried(ctx context.Context, client *http.Client, base, id, op string) placed {
+	return retried(ctx, func() placed { return settle(ctx, client, base, id, op) })
+}
+
+// retried calls try until it gets an answer below 500, five times at most.
+func retried(ctx context.Context, try func() placed) placed {
 	var p placed
-	for try := range 5 {
-		if p = settle(ctx, client, base, id, op); p.status != 0 && p.status < 500 {
+	for n := range 5 {
+		if p = try(); p.status != 0 && p.status < 500 {
 			return p
 		}
-		if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
+		if n == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
 			break
 		}
 	}
