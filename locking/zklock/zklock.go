@@ -330,42 +330,52 @@ func (l *Locker) create(parent, guid string) (string, error) {
 	prefix := parent + "/" + protectedPrefix + guid + lockSuffix
 	search := false // a create's outcome is unknown: look before creating again
 	var err error
-	for try := range tries {
+	// A lost connection is retried for as long as wait retries its looks:
+	// the session either comes back within its timeout or expires.
+	var failing time.Time
+	for try := 0; try < tries || time.Since(failing) <= l.SessionTimeout(); try++ {
 		if search {
 			var path string
 			if path, err = l.find(parent, guid); err == nil && path != "" {
 				return path, nil
 			}
-			if err != nil {
-				if !l.bg.Sleep(context.Background(), background.Backoff(try)) {
-					return "", errClosed
-				}
-				continue // still unknown
+			if err == nil {
+				search = false
 			}
-			search = false
 		}
-		var path string
-		path, err = l.conn.Create(prefix, nil, zk.FlagEphemeral|zk.FlagSequence, acl)
+		if !search {
+			var path string
+			path, err = l.conn.Create(prefix, nil, zk.FlagEphemeral|zk.FlagSequence, acl)
+			switch {
+			case err == nil:
+				return path, nil
+			case errors.Is(err, zk.ErrNoNode):
+				// No parent yet, or a container the server just removed.
+				err = l.makePath(parent)
+			case errors.Is(err, zk.ErrSessionExpired):
+				// A node of the expired session is gone with it: create
+				// again once the connection has its new session.
+			case ambiguous(err):
+				search = true
+			}
+		}
 		switch {
 		case err == nil:
-			return path, nil
-		case errors.Is(err, zk.ErrNoNode):
-			// No parent yet, or a container the server just removed.
-			if err = l.makePath(parent); err != nil {
-				return "", err
-			}
-		case errors.Is(err, zk.ErrSessionExpired):
-			// A node of the expired session is gone with it.
+			continue
 		case l.bg.Closed():
 			return "", errClosed
-		case ambiguous(err):
-			search = true
-			if !l.bg.Sleep(context.Background(), background.Backoff(try)) {
-				return "", errClosed
-			}
-		default:
+		case !ambiguous(err) && !errors.Is(err, zk.ErrSessionExpired):
 			return "", err
 		}
+		if failing.IsZero() {
+			failing = time.Now()
+		}
+		if !l.bg.Sleep(context.Background(), background.Backoff(try)) {
+			return "", errClosed
+		}
+	}
+	if err == nil { // the parent kept vanishing
+		err = zk.ErrNoNode
 	}
 	return "", err
 }
