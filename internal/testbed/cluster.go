@@ -21,6 +21,11 @@ type Cluster struct {
 	Kind  string    // KindZooKeeper, KindEtcd, KindRedis
 	Nodes []*Server // in the order of their ids (ZooKeeper myid 1, 2, 3)
 	Dir   string    // holds one directory per node
+	// Clients[i] stands between the clients and node i when the cluster
+	// was started with ClientProxies (nil otherwise): Clients[i].Cut()
+	// cuts node i off from its clients alone, Latency slows it for them,
+	// Restore heals. Links between the nodes stay direct.
+	Clients Proxies
 
 	ownDir bool
 	leader func(ctx context.Context, c *Cluster) (int, error)
@@ -35,13 +40,24 @@ type ClusterOptions struct {
 	// Args are extra server arguments for every node, after testbed's own
 	// (Redis only).
 	Args []string
+	// ClientProxies puts a proxy (Cluster.Clients) in front of each node's
+	// client port, and makes the nodes announce it: a Redis Cluster node
+	// gives the proxy's address in CLUSTER SLOTS, CLUSTER NODES and MOVED
+	// (its bus port stays direct), an etcd member advertises it as its
+	// client URL. Off by default: the proxies live in this process (no
+	// Detach), and every byte through them costs this process CPU.
+	ClientProxies bool
 }
 
-// Addrs are the client addresses of the nodes, in order.
+// Addrs are the addresses clients use, in node order: the nodes' own, or
+// their proxies' with ClientProxies.
 func (c *Cluster) Addrs() []string {
 	out := make([]string, len(c.Nodes))
 	for i, n := range c.Nodes {
 		out[i] = n.Addr
+		if c.Clients != nil {
+			out[i] = c.Clients[i].Addr()
+		}
 	}
 	return out
 }
@@ -75,6 +91,7 @@ func (c *Cluster) Stop() error {
 		wg.Go(func() { errs[i] = n.Stop() })
 	}
 	wg.Wait()
+	c.Clients.Close()
 	if c.ownDir {
 		errs = append(errs, os.RemoveAll(c.Dir))
 	}
@@ -86,11 +103,14 @@ func (c *Cluster) String() string {
 	return fmt.Sprintf("%s cluster %s", c.Kind, strings.Join(c.Addrs(), ","))
 }
 
-// newCluster makes the cluster's directory and picks its ports: per node,
-// perNode ports (the client port first).
+// newCluster makes the cluster's directory, picks its ports (per node,
+// perNode ports, the client port first) and starts its client proxies.
 func newCluster(kind string, o ClusterOptions, nodes, perNode int) (*Cluster, [][]int, error) {
 	if cmd := Missing(kind); cmd != "" {
 		return nil, nil, fmt.Errorf("start %s cluster: %w: %s", kind, ErrMissing, cmd)
+	}
+	if o.ClientProxies && o.Detach {
+		return nil, nil, fmt.Errorf("start %s cluster: client proxies live in this process: they cannot outlive it (Detach)", kind)
 	}
 	c := &Cluster{Kind: kind, Dir: o.Dir}
 	if c.Dir == "" {
@@ -111,6 +131,23 @@ func newCluster(kind string, o ClusterOptions, nodes, perNode int) (*Cluster, []
 			return nil, nil, err
 		}
 		ports[i] = p
+	}
+	if o.ClientProxies {
+		// Listening ports from freePorts too: one picked at random could be
+		// a node's, picked but not bound yet.
+		listen, err := freePorts(nodes, 0)
+		if err != nil {
+			c.Stop()
+			return nil, nil, err
+		}
+		for i := range nodes {
+			p, err := startProxy(fmt.Sprintf("%s%d-clients", kind, i+1), "127.0.0.1:"+strconv.Itoa(listen[i]), "127.0.0.1:"+strconv.Itoa(ports[i][0]))
+			if err != nil {
+				c.Stop()
+				return nil, nil, err
+			}
+			c.Clients = append(c.Clients, p)
+		}
 	}
 	return c, ports, nil
 }

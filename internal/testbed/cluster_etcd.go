@@ -12,7 +12,8 @@ import (
 
 // StartEtcdCluster starts a three-member etcd cluster (n1, n2, n3) on free
 // loopback ports and returns once every member reports health, which
-// needs a leader. A member killed and restarted keeps its data directory
+// needs a leader. With ClientProxies each member advertises its proxy as
+// its client URL. A member killed and restarted keeps its data directory
 // and rejoins as itself.
 func StartEtcdCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 	return retryPorts(ctx, o, func(ctx context.Context) (*Cluster, error) { return startEtcdCluster(ctx, o) })
@@ -39,13 +40,16 @@ func startEtcdCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 			nports: 1,
 			setup:  func(context.Context, *Server) error { return nil },
 			argv: func(s *Server) []string {
-				client := "http://" + s.Addr
+				client, advertise := "http://"+s.Addr, "http://"+s.Addr
+				if c.Clients != nil {
+					advertise = "http://" + c.Clients[i].Addr()
+				}
 				return []string{
 					mustPath("etcd"),
 					fmt.Sprintf("--name=n%d", i+1),
 					"--data-dir=" + filepath.Join(s.Dir, "data"),
 					"--listen-client-urls=" + client,
-					"--advertise-client-urls=" + client,
+					"--advertise-client-urls=" + advertise,
 					"--listen-peer-urls=" + peerURL(i),
 					"--initial-advertise-peer-urls=" + peerURL(i),
 					"--initial-cluster=" + strings.Join(initial, ","),

@@ -15,6 +15,10 @@ import (
 // master unreachable this long is failed over to its replica.
 const RedisClusterNodeTimeout = time.Second
 
+// redisBusOffset is where a Redis Cluster node's bus port is: its own port
+// plus this (Redis's default).
+const redisBusOffset = 10000
+
 // StartRedisCluster starts a Redis Cluster of three masters, each with one
 // replica (nodes 0-2 are the masters, node 3+i replicates node i, until a
 // failover changes that), on free loopback ports, without persistence as
@@ -37,14 +41,23 @@ func startRedisCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) 
 	ctx, cancel := context.WithTimeout(ctx, clusterTimeout)
 	defer cancel()
 	err = c.startNodes(ctx, n, func(ctx context.Context, i int) (*Server, error) {
-		return StartRedis(ctx, Options{Dir: c.nodeDir(i), Port: ports[i][0], Detach: o.Detach, Args: append([]string{
+		args := []string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf", // in Dir: a restarted node rejoins as itself
 			"--cluster-node-timeout", strconv.FormatInt(RedisClusterNodeTimeout.Milliseconds(), 10),
 			"--cluster-replica-validity-factor", "0",
 			"--repl-diskless-sync", "yes",
 			"--repl-diskless-sync-delay", "0",
-		}, o.Args...)})
+		}
+		if c.Clients != nil {
+			// The proxy is the node's address for clients (CLUSTER SLOTS,
+			// MOVED) and, as Redis Cluster has one address per node, for
+			// its replicas too; the bus stays on the node's own port+10000.
+			_, port, _ := net.SplitHostPort(c.Clients[i].Addr())
+			args = append(args, "--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", port,
+				"--cluster-announce-bus-port", strconv.Itoa(ports[i][0]+redisBusOffset))
+		}
+		return StartRedis(ctx, Options{Dir: c.nodeDir(i), Port: ports[i][0], Detach: o.Detach, Args: append(args, o.Args...)})
 	})
 	if err != nil {
 		return nil, err
@@ -79,9 +92,12 @@ func (c *Cluster) formRedisCluster(ctx context.Context, masters int) error {
 			return fmt.Errorf("addslotsrange on %s: %w", c.Nodes[i].Addr, err)
 		}
 	}
-	for _, s := range c.Nodes[1:] {
-		host, port, _ := net.SplitHostPort(s.Addr)
-		if err := clients[0].ClusterMeet(ctx, host, port).Err(); err != nil {
+	addrs := c.Addrs()
+	for i, s := range c.Nodes[1:] {
+		host, port, _ := net.SplitHostPort(addrs[i+1]) // as the node announces itself
+		_, own, _ := net.SplitHostPort(s.Addr)
+		bus, _ := strconv.Atoi(own)
+		if err := clients[0].Do(ctx, "cluster", "meet", host, port, bus+redisBusOffset).Err(); err != nil {
 			return err
 		}
 	}
@@ -225,6 +241,7 @@ func (c *Cluster) Role(ctx context.Context, i int) (string, error) {
 // ReplicasOf returns the nodes that replicate node i now.
 func (c *Cluster) ReplicasOf(ctx context.Context, i int) ([]int, error) {
 	var out []int
+	host, port, _ := net.SplitHostPort(c.Addrs()[i]) // replicas dial the address it announces
 	for j := range c.Nodes {
 		if j == i || c.Nodes[j].Pid() == 0 {
 			continue
@@ -235,7 +252,6 @@ func (c *Cluster) ReplicasOf(ctx context.Context, i int) ([]int, error) {
 		if err != nil {
 			return nil, err
 		}
-		host, port, _ := net.SplitHostPort(c.Nodes[i].Addr)
 		if strings.Contains(info, "role:slave\r\n") && strings.Contains(info, "master_host:"+host+"\r\n") &&
 			strings.Contains(info, "master_port:"+port+"\r\n") {
 			out = append(out, j)

@@ -36,7 +36,7 @@ func DelayedWrite() loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			defer st.ps.heal()
+			defer st.ps.Restore()
 			r, err := replica(run, victim)
 			if err != nil {
 				return err
@@ -53,7 +53,7 @@ func DelayedWrite() loadtest.Fault {
 			}
 			defer c.Answer()
 			d := leaseLife(run)
-			if err := st.ps.latency(d); err != nil {
+			if err := st.ps.Latency(d); err != nil {
 				return err
 			}
 			t0 := time.Now()
@@ -70,7 +70,7 @@ func DelayedWrite() loadtest.Fault {
 			}
 			dr.wait(ctx, second, d+lockWait)
 			_ = sleepCtx(ctx, 300*time.Millisecond)
-			st.ps.heal()
+			st.ps.Restore()
 			run.Eventf("paths healed after %s: %s's delayed write reaches MariaDB now", since(t0), c.Replica)
 			dr.wait(ctx, first, faultLimit/2)
 			return nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
@@ -17,13 +18,13 @@ const victim = 0
 // victim's order, and the proxies on the victim's paths.
 type cut struct {
 	hook *insideHook
-	ps   proxies
+	ps   testbed.Proxies
 }
 
 // prepareCut puts the victim behind proxies on paths and the hook in every
 // replica, and returns the cleanup.
 func prepareCut(run *loadtest.Run, runs *perRun[cut], paths ...string) (func(), error) {
-	var ps proxies
+	var ps testbed.Proxies
 	for _, path := range paths {
 		more, err := proxyReplica(run, victim, path)
 		if err != nil {
@@ -70,7 +71,7 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 			if err != nil {
 				return err
 			}
-			defer st.ps.heal()
+			defer st.ps.Restore()
 			r, err := replica(run, victim)
 			if err != nil {
 				return err
@@ -89,9 +90,9 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 			d := leaseLife(run)
 			what := fmt.Sprintf("latency of %s each way", 2*d)
 			if blackhole {
-				err, what = st.ps.blackhole(), "a blackhole (nothing passes)"
+				err, what = st.ps.Cut(), "a blackhole (nothing passes)"
 			} else {
-				err = st.ps.latency(2 * d)
+				err = st.ps.Latency(2 * d)
 			}
 			if err != nil {
 				return err
@@ -108,7 +109,7 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 			}
 			dr.wait(ctx, second, d+lockWait)
 			_ = sleepCtx(ctx, d+d/4+250*time.Millisecond-time.Since(t0))
-			st.ps.heal()
+			st.ps.Restore()
 			if blackhole {
 				// Let the client reconnect and learn its session's fate.
 				_ = sleepCtx(ctx, time.Second)

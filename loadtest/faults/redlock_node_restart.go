@@ -38,7 +38,7 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 	type state struct {
 		hook  *insideHook
 		nodes []*testbed.Server
-		cut   *proxy
+		cut   *testbed.Proxy
 	}
 	var runs perRun[state]
 	return loadtest.Fault{
@@ -69,12 +69,12 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 			run.Servers.RedlockAddrs = addrs
 			// r1 reaches node C only through a proxy, which is down: its
 			// connections there are refused.
-			cut, err := startProxy("r1-redlock-c", nodes[2].Addr)
+			cut, err := testbed.StartProxy("r1-redlock-c", nodes[2].Addr)
 			if err != nil {
 				stop()
 				return nil, err
 			}
-			cut.p.Stop()
+			cut.Refuse()
 			hook, err := startInsideHook()
 			if err != nil {
 				cut.Close()

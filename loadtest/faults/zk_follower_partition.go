@@ -35,17 +35,17 @@ func ZKFollowerPartition() loadtest.Fault {
 	type state struct {
 		hook     *insideHook
 		cluster  *testbed.Cluster
-		follower int             // the victim's server
-		links    map[int]proxies // by node: every proxy on a link to or from it
+		follower int                     // the victim's server
+		links    map[int]testbed.Proxies // by node: every proxy on a link to or from it
 	}
 	var runs perRun[*state]
 	return loadtest.Fault{
 		Backends: []string{"zookeeper"},
 		Prepare: func(ctx context.Context, run *loadtest.Run) (_ func(), err error) {
-			st := &state{links: map[int]proxies{}}
+			st := &state{links: map[int]testbed.Proxies{}}
 			var (
 				mu  sync.Mutex // peer is called from every node's start at once
-				all proxies
+				all testbed.Proxies
 			)
 			defer func() {
 				if err != nil {
@@ -53,7 +53,7 @@ func ZKFollowerPartition() loadtest.Fault {
 				}
 			}()
 			peer := func(from, to, port int) (int, error) {
-				p, err := startProxy(fmt.Sprintf("zk%d-zk%d-%d", from+1, to+1, port), net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+				p, err := testbed.StartProxy(fmt.Sprintf("zk%d-zk%d-%d", from+1, to+1, port), net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 				if err != nil {
 					return 0, err
 				}
@@ -108,7 +108,7 @@ func ZKFollowerPartition() loadtest.Fault {
 				return err
 			}
 			links := st.links[st.follower]
-			defer links.heal()
+			defer links.Restore()
 			r, err := replica(run, victim)
 			if err != nil {
 				return err
@@ -134,7 +134,7 @@ func ZKFollowerPartition() loadtest.Fault {
 				notFired(run, fmt.Errorf("%s's server %s is no follower now (%q, %v)", r.Name, f.Addr, mode, err))
 				return nil
 			}
-			if err := links.blackhole(); err != nil {
+			if err := links.Cut(); err != nil {
 				return err
 			}
 			t0 := time.Now()
@@ -157,7 +157,7 @@ func ZKFollowerPartition() loadtest.Fault {
 			if p.status == 409 && p.code == "lock_lost" {
 				run.Eventf("%s found its lease lost and wrote nothing", c.Replica)
 			}
-			links.heal()
+			links.Restore()
 			run.Eventf("follower's links healed %s after the cut", since(t0))
 			return nil
 		},

@@ -9,10 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/Shopify/toxiproxy/v2"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
-
+	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
 )
 
@@ -106,16 +103,15 @@ func lostWhenPaused(t *testing.T, b Backend, key string) {
 // which reaches the servers directly, is granted the key. The holder is
 // running all along, so its Lost must have closed before that grant.
 func lostWhenDelayed(t *testing.T, b Backend, key string) {
-	proxies := make([]*toxiproxy.Proxy, len(b.Servers))
+	proxies := make(testbed.Proxies, len(b.Servers))
 	addrs := make([]string, len(b.Servers))
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	for i, upstream := range b.Servers {
-		p := toxiproxy.NewProxy(srv, fmt.Sprintf("server%d", i), "127.0.0.1:0", upstream)
-		if err := p.Start(); err != nil {
+		p, err := testbed.StartProxy(fmt.Sprintf("server%d", i), upstream)
+		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(p.Stop)
-		proxies[i], addrs[i] = p, p.Listen
+		t.Cleanup(p.Close)
+		proxies[i], addrs[i] = p, p.Addr()
 	}
 	pb := b
 	pb.Config = b.Through(addrs)
@@ -130,14 +126,8 @@ func lostWhenDelayed(t *testing.T, b Backend, key string) {
 		lostAt <- time.Now()
 	}()
 	delay := 2 * b.expiry()
-	for _, p := range proxies {
-		for _, stream := range []string{"upstream", "downstream"} {
-			body := fmt.Sprintf(`{"name":"latency_%s","type":"latency","stream":%q,"attributes":{"latency":%d}}`,
-				stream, stream, delay.Milliseconds())
-			if _, err := p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
-				t.Fatal(err)
-			}
-		}
+	if err := proxies.Latency(delay); err != nil {
+		t.Fatal(err)
 	}
 	delayed := time.Now()
 	rival := open(t, b)
@@ -159,10 +149,7 @@ func lostWhenDelayed(t *testing.T, b Backend, key string) {
 	default:
 		t.Errorf("the holder's Lost is still open after a rival was granted the key")
 	}
-	for _, p := range proxies {
-		p.Toxics.RemoveToxic(context.Background(), "latency_upstream")
-		p.Toxics.RemoveToxic(context.Background(), "latency_downstream")
-	}
+	proxies.Restore()
 	// Refused, or not: the lease is lost either way; the rival's holds.
 	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer rcancel()
