@@ -18,6 +18,11 @@
 //	OVERSOLD_TEST_ETCD_ENDPOINTS  comma-separated endpoints returned by Etcd(t)
 //	OVERSOLD_REQUIRE_SERVERS=1    a missing server binary fails the test instead of skipping it
 //
+// Proxy (StartProxy) is a toxiproxy in this process that cuts or slows one
+// path to a server. A cluster started with ClusterOptions.ClientProxies has
+// one in front of each node (Cluster.Clients), which its nodes announce, so
+// a test cuts one node off from its clients alone.
+//
 // Given servers are shared with other tests and runs, so tests must keep to
 // their own Prefix(t) and database.
 //
