@@ -23,9 +23,10 @@ const cutBound = 500 * time.Millisecond
 // checkClientCut cuts node k off from its clients (Clients[k].Cut) and
 // checks that a request to it through its client address (ask) gets no
 // answer within cutBound while every other node of nodes answers, then that
-// node k answers again once restored. A proxy that cut every node, or none,
-// or clients that went around the proxies, fail it.
-func checkClientCut(t *testing.T, c *testbed.Cluster, nodes []int, k int, ask func(ctx context.Context, i int) error) {
+// node k answers again once restored. The cut lasts at least hold. A proxy
+// that cut every node, or none, or clients that went around the proxies,
+// fail it.
+func checkClientCut(t *testing.T, c *testbed.Cluster, nodes []int, k int, hold time.Duration, ask func(ctx context.Context, i int) error) {
 	t.Helper()
 	for i, a := range c.Addrs() {
 		if c.Clients == nil || a != c.Clients[i].Addr() || a == c.Nodes[i].Addr {
@@ -47,6 +48,7 @@ func checkClientCut(t *testing.T, c *testbed.Cluster, nodes []int, k int, ask fu
 	if err := c.Clients[k].Cut(); err != nil {
 		t.Fatal(err)
 	}
+	cutAt := time.Now()
 	if took, err := askWithin(k, cutBound); err == nil || took < cutBound*9/10 {
 		t.Errorf("cut node %d answered after %v: %v; want no answer within %v", k, took.Round(time.Millisecond), err, cutBound)
 	}
@@ -58,6 +60,7 @@ func checkClientCut(t *testing.T, c *testbed.Cluster, nodes []int, k int, ask fu
 			t.Errorf("node %d while node %d is cut: %v after %v", i, k, err, took.Round(time.Millisecond))
 		}
 	}
+	time.Sleep(hold - time.Since(cutAt))
 	c.Clients[k].Restore()
 	t0 := time.Now()
 	for {
@@ -105,7 +108,7 @@ func TestZooKeeperEnsembleClientCut(t *testing.T) {
 			return ctx.Err()
 		}
 	}
-	checkClientCut(t, c, []int{0, 1, 2}, 1, ask)
+	checkClientCut(t, c, []int{0, 1, 2}, 1, 0, ask)
 }
 
 // quiet drops the zk client's log lines (a cut connection's are expected).
@@ -151,7 +154,7 @@ func TestEtcdClusterClientCut(t *testing.T) {
 		_, err := clients[i].Put(ctx, fmt.Sprintf("cut-%d", i), "x")
 		return err
 	}
-	checkClientCut(t, c, []int{0, 1, 2}, 2, ask)
+	checkClientCut(t, c, []int{0, 1, 2}, 2, 0, ask)
 }
 
 func TestRedisClusterClientCut(t *testing.T) {
@@ -213,7 +216,9 @@ func TestRedisClusterClientCut(t *testing.T) {
 		t.Errorf("replicas of node %d = %v, %v; want one", cut, reps, err)
 	}
 	ask := func(ctx context.Context, i int) error { return rc.Set(ctx, keys[i], "x", 0).Err() }
-	checkClientCut(t, c, masters, cut, ask)
+	// Cut for three node timeouts: were its bus cut as well, the others
+	// would mark it failed and vote its replica in.
+	checkClientCut(t, c, masters, cut, 3*testbed.RedisClusterNodeTimeout, ask)
 	// The bus is direct: cut for clients, the master was not failed over.
 	if role, err := c.Role(ctx, cut); err != nil || role != "master" {
 		t.Errorf("node %d after its client cut: role %q, %v; want master", cut, role, err)
