@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,10 +20,10 @@ import (
 // working (etcd's robustness tests use an in-process proxy the same way).
 // It lives in this process: it ends with it.
 type Proxy struct {
-	p     *toxiproxy.Proxy
-	mu    sync.Mutex
-	on    []string    // toxics in place, by name
-	stuck atomic.Bool // a Restore timed out (see Restore)
+	p    *toxiproxy.Proxy
+	mu   sync.Mutex
+	on   []string      // toxics in place, by name
+	slow chan struct{} // closed when a removal Restore stopped waiting for ends
 }
 
 // StartProxy listens on 127.0.0.1 and forwards every connection to upstream
@@ -97,15 +96,17 @@ func (p *Proxy) Refuse() { p.p.Stop() }
 // stays dropped (the client has given up on those connections by then).
 func (p *Proxy) Restore() {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	on := p.on
 	p.on = nil
-	p.mu.Unlock()
 	for _, name := range on {
 		// toxiproxy v2.5.0 can deadlock here: RemoveToxic waits for the
 		// links while holding the collection's lock, which a link closing
 		// at the same moment needs (seen once in ~70 zookeeper
-		// slow-lock-server runs). Never let that hang the caller: give up
-		// after a while and leave that goroutine behind.
+		// slow-lock-server runs); on a loaded machine a removal also takes
+		// seconds (it flushes what the toxic held, each chunk given 5 s).
+		// Never let that hang the caller: stop waiting after a while, and
+		// let Close wait longer for that removal.
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -114,21 +115,33 @@ func (p *Proxy) Restore() {
 		select {
 		case <-done:
 		case <-time.After(restoreTimeout):
-			p.stuck.Store(true)
+			p.slow = done
 			return
 		}
 	}
 }
 
-// restoreTimeout bounds the removal of one toxic (see Restore).
-const restoreTimeout = 5 * time.Second
+// Bounds on the removal of one toxic: Restore waits restoreTimeout for it,
+// Close closeTimeout more.
+const (
+	restoreTimeout = 5 * time.Second
+	closeTimeout   = 30 * time.Second
+)
 
 // Close restores and stops the proxy, closing its connections. A proxy
-// whose Restore got stuck is left as it is: stopping it would block as well.
+// whose toxic removal is still stuck after closeTimeout is left as it is:
+// stopping it could block as well.
 func (p *Proxy) Close() {
 	p.Restore()
-	if p.stuck.Load() {
-		return
+	p.mu.Lock()
+	slow := p.slow
+	p.mu.Unlock()
+	if slow != nil {
+		select {
+		case <-slow:
+		case <-time.After(closeTimeout):
+			return
+		}
 	}
 	p.p.Stop()
 }
