@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strconv"
@@ -292,6 +293,12 @@ type Put struct {
 // PutInventory creates the SKU with p.Stock, or resets its stock, bumping
 // the version either way so that every write read before it is refused by
 // the version guard, and the cache takes the new entry. Fences only grow.
+//
+// It runs under READ COMMITTED: under REPEATABLE READ the locking read of
+// a missing row takes a gap lock, and two creators of new SKUs in one gap
+// (distinct SKUs, whose locks do not serialise them) then wait for each
+// other's gap at their INSERTs, a deadlock. READ COMMITTED takes no gap
+// lock. A deadlock still reported is ErrConflict: nothing was written.
 func (s *Store) PutInventory(ctx context.Context, p Put) (Inventory, error) {
 	var inv Inventory
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -302,8 +309,9 @@ func (s *Store) PutInventory(ctx context.Context, p Put) (Inventory, error) {
 			if p.IfVersion != 0 {
 				return ErrPrecondition
 			}
-			// Two creators at once: the second one's INSERT waits for the
-			// first's row and then updates it, as a reset would.
+			// Two creators of one SKU at once: the second one's INSERT
+			// waits for the first's row and then updates it, as a reset
+			// would.
 			err = tx.Exec(`INSERT INTO inventory (sku, stock, version, fence, created_at, updated_at)
 				VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 				ON DUPLICATE KEY UPDATE stock = VALUES(stock), version = version + 1,
@@ -324,9 +332,9 @@ func (s *Store) PutInventory(ctx context.Context, p Put) (Inventory, error) {
 			return err
 		}
 		return tx.Take(&inv, "sku = ?", p.SKU).Error
-	})
+	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return Inventory{}, fmt.Errorf("put inventory %q: %w", p.SKU, err)
+		return Inventory{}, fmt.Errorf("put inventory %q: %w", p.SKU, deadlock(err))
 	}
 	return inv, nil
 }

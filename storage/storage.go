@@ -74,12 +74,15 @@ type Store struct {
 // does not have it yet), checks that it answers, and migrates the schema.
 // It sets parseTime, loc=UTC and interpolateParams on the DSN: times come
 // back as the time.Time written, and a query costs one round trip instead of
-// three (prepare, execute, close).
+// three (prepare, execute, close). It clears clientFoundRows: the store
+// reads "no row changed" as a refusal (the sweeper fence's unchanged row),
+// which that option would report as one row found.
 func Open(ctx context.Context, dsn string) (*Store, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, err
 	}
+	cfg.ClientFoundRows = false
 	cfg.ParseTime = true
 	cfg.InterpolateParams = true
 	cfg.Loc = time.UTC
