@@ -70,12 +70,12 @@ func sampleResults() []Result {
 		Status:       map[string]int{"201": 131, "409": 469},
 		InitialStock: 100, FinalStock: 0, OrderedQuantity: 131, Oversold: 31, LostUpdates: 31,
 		ThroughputRPS: 298.7, OrdersRPS: 65.2, LatencyMS: Latency{P50: 4.2, P90: 9.1, P99: 20.3, Max: 41},
-		LockWaitMS: &Wait{Count: 600, Mean: 1.2, P50: 0.4, P99: 8.8},
-		OverTime:   []Slice{{At: 0, Requests: 30, Created: 30, P50: 3, P99: 9}, {At: 0.1, Requests: 30, P50: 2, P99: 5}},
+		LockWaitMS: &Wait{Count: 600, Mean: 1.2, P50: 0.4, P99: 8.8}, Linearizable: NotLinearizable,
+		OverTime: []Slice{{At: 0, Requests: 30, Created: 30, P50: 3, P99: 9}, {At: 0.1, Requests: 30, P50: 2, P99: 5}},
 	}, {
 		Backend: "redis", Guard: "none", Replicas: 3, Requests: 600,
 		Status:       map[string]int{"201": 100, "409": 500},
-		InitialStock: 100, OrderedQuantity: 100, ThroughputRPS: 287.1, Safe: true,
+		InitialStock: 100, OrderedQuantity: 100, ThroughputRPS: 287.1, Safe: true, Linearizable: Linearizable,
 		OverTime: []Slice{{At: 0, Requests: 30, Created: 30, P50: 5, P99: 19}},
 	}, {
 		Backend: "etcd", Guard: "none", Replicas: 3, Requests: 600, Status: map[string]int{},
@@ -108,7 +108,8 @@ func TestWriteReport(t *testing.T) {
 	}
 
 	md := read(ResultsMD)
-	for _, want := range []string{"| local/none |", "OVERSOLD 31", "| redis/none |", "safe", "FAILED", rep.Machine.CPU, "lab --backends"} {
+	for _, want := range []string{"| local/none |", "OVERSOLD 31", "| redis/none |", "safe", "FAILED", rep.Machine.CPU, "lab --backends",
+		"| linearizable | verdict |", "| no | OVERSOLD 31", "| yes | safe"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("results.md lacks %q", want)
 		}
@@ -123,7 +124,8 @@ func TestWriteReport(t *testing.T) {
 			t.Errorf("report.html contains %q: it must open offline", bad)
 		}
 	}
-	for _, want := range []string{"local/none", "OVERSOLD 31", "<polyline", rep.Machine.CPU} {
+	for _, want := range []string{"local/none", "OVERSOLD 31", "<polyline", rep.Machine.CPU,
+		"linearizable in 1, not linearizable in 1, unknown (timed out) in 0 of 2 runs"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("report.html lacks %q", want)
 		}

@@ -72,6 +72,8 @@ func Summary(results []Result) []string {
 			overlapped, len(faulted), heldAnyway, overlapped))
 	}
 
+	out = append(out, historySummary(ran)...)
+
 	// Speed: runs without a fault, where throughput measures the lock.
 	var plain []Result
 	for _, r := range safe {
@@ -100,6 +102,43 @@ func Summary(results []Result) []string {
 	default:
 		out = append(out, fmt.Sprintf("The fastest safe configuration is %s at %s requests/s; this report has no lock-free reference (%s) to compare it with.",
 			fastest.Name(), num(fastest.ThroughputRPS), LockFree))
+	}
+	return out
+}
+
+// historySummary counts Porcupine's verdicts on the runs' histories,
+// saying how often the check timed out, and names the runs where it and
+// the invariant checker disagree (compareHistory says why in their notes).
+func historySummary(ran []Result) []string {
+	var yes, no, unknown int
+	var notLin, lin []string
+	for _, r := range ran {
+		switch r.Linearizable {
+		case Linearizable:
+			yes++
+			if !r.Safe {
+				lin = append(lin, r.Name())
+			}
+		case NotLinearizable:
+			no++
+			if r.Oversold == 0 && r.LostUpdates == 0 {
+				notLin = append(notLin, r.Name())
+			}
+		case HistoryUnknown:
+			unknown++
+		}
+	}
+	checked := yes + no + unknown
+	if checked == 0 {
+		return nil
+	}
+	out := []string{fmt.Sprintf("Porcupine's check of the load's history (at most %s a run): linearizable in %d, not linearizable in %d, unknown (timed out) in %d of %d runs.",
+		HistoryTimeout, yes, no, unknown, checked)}
+	if len(notLin) > 0 {
+		out = append(out, fmt.Sprintf("Not linearizable although nothing was oversold or lost: %s (see their notes).", list(notLin, 6)))
+	}
+	if len(lin) > 0 {
+		out = append(out, fmt.Sprintf("Linearizable although an invariant broke: %s (see their notes).", list(lin, 6)))
 	}
 	return out
 }

@@ -31,3 +31,33 @@ func TestSummary(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryHistory: Porcupine's verdicts are counted, timed-out checks
+// among them, and the runs where it and the invariant checker disagree are
+// named; runs that were not checked (or could not run) are not counted.
+func TestSummaryHistory(t *testing.T) {
+	run := func(backend, guard, lin string, oversold int) Result {
+		return Result{Backend: backend, Guard: guard, Linearizable: lin, Oversold: oversold, Safe: oversold == 0}
+	}
+	got := strings.Join(Summary([]Result{
+		run("local", "none", NotLinearizable, 5),
+		run("local", "version", NotLinearizable, 0), // an early sellout
+		run("redis", "none", Linearizable, 0),
+		run("etcd", "none", HistoryUnknown, 0),
+		run("zookeeper", "none", Linearizable, 2), // the fault's own orders
+		run("mysql", "none", "", 0),               // not checked
+		{Backend: "redlock", Guard: "none", Error: "could not start", Linearizable: Linearizable},
+	}), " ")
+	for _, want := range []string{
+		"Porcupine's check of the load's history (at most 10s a run): linearizable in 2, not linearizable in 2, unknown (timed out) in 1 of 5 runs.",
+		"Not linearizable although nothing was oversold or lost: local/version (see their notes).",
+		"Linearizable although an invariant broke: zookeeper/none (see their notes).",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("summary %q\nlacks %q", got, want)
+		}
+	}
+	if got := historySummary([]Result{run("redis", "none", "", 0)}); got != nil {
+		t.Errorf("no run checked: %q, want no sentence", got)
+	}
+}

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"slices"
@@ -35,8 +36,12 @@ var columns = []column{
 		return fmt.Sprintf("%s/%s", num(r.LockWaitMS.Mean), num(r.LockWaitMS.P99))
 	}},
 	{"conflicts", func(r Result) string { return strconv.Itoa(r.Conflicts) }},
+	{"linearizable", func(r Result) string { return cmp.Or(linearizableCell[r.Linearizable], "-") }},
 	{"verdict", Result.Verdict},
 }
+
+// linearizableCell is Porcupine's verdict (Result.Linearizable) in a cell.
+var linearizableCell = map[string]string{Linearizable: "yes", NotLinearizable: "no", HistoryUnknown: "unknown"}
 
 // statusLine is the answers by status, e.g. "201×100 409×500".
 func statusLine(r Result) string {
