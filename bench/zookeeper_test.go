@@ -22,7 +22,7 @@ func BenchmarkZooKeeper(b *testing.B) {
 	servers := testbed.ZooKeeper(b)
 	runServer(b, "zookeeper", zkVersion(servers[0]), []impl{
 		ours("zookeeper", backends.Config{ZKServers: servers},
-			"watches its predecessor (ephemeral sequential nodes, protected create); renews, fences with czxid"),
+			"watches its predecessor (ephemeral sequential nodes, protected create); renews, fences with the granting listing's pzxid; a grant costs no request of its own"),
 		zkLock(servers),
 	})
 }

@@ -10,10 +10,11 @@
 // children: the lowest sequence holds the lock. Anyone else sets a watch on
 // the child just below its own and sleeps until that child goes, so a
 // release wakes exactly one waiter (no herd). Release deletes the node.
-// The first listing travels together with the ExistsW on our own node that
-// a grant needs (its czxid, and the watch that drives Lost): go-zookeeper
-// keeps several requests in flight on its one connection, so a free lock
-// costs the create and one more round trip, as the bare recipe does.
+// A grant costs no request of its own: the token comes with the listing
+// (below), and the watch on our own node that drives Lost is set only once
+// the lease has been held for watchDelay (20 ms). So a free lock costs the
+// create and the listing, and a hot key's turn a create, a listing and a
+// delete: the bare recipe's requests, no more.
 //
 //   - Protected create (Curator's protection mode): the node name carries a
 //     fresh GUID. When a create's reply is lost to a disconnect, the create
@@ -45,9 +46,12 @@
 //
 // Lost closes when the holder can no longer vouch for the lease:
 //   - at once, when the session expires (go-zookeeper then reconnects with a
-//     NEW session, so every lease of the old one is lost), when the node is
-//     deleted behind our back (a watch on our own node), or when a check
+//     NEW session, so every lease of the old one is lost), or when a check
 //     finds the node gone;
+//   - when the node is deleted behind our back: told by a watch on our own
+//     node, set once the lease has been held for watchDelay; a deletion
+//     before that is found when the watch is set, so Lost closes at most
+//     watchDelay plus a round trip after it;
 //   - when no request has succeeded for the session timeout minus a drift
 //     margin, counted from the send time of the last successful check: a
 //     disconnect that long means ownership is unknown, and the server may
@@ -67,11 +71,18 @@
 //
 // # Token
 //
-// Token is the czxid of our node: the zxid of the transaction that created
-// it. Zxids grow across the whole ensemble, so a later holder's node (always
-// created after ours, since the queue is served in creation order) has a
-// larger one, even when the parent was removed and created again, which
-// resets sequence numbers. It is a safe fencing token.
+// Token is the parent's pzxid in the listing that granted the lock: the zxid
+// of the last creation or deletion of a child the server had applied.
+// Zxids grow across the whole ensemble, and every server applies them in
+// order. That listing shows our node, so the server had not yet applied its
+// deletion: every zxid it had applied, ours included, is below that
+// deletion's. The next holder's granting listing no longer shows our node
+// (it is first), so its pzxid is at least that deletion's zxid: strictly
+// above our token, on any server, and even when the parent was removed and
+// made again in between (which resets sequence numbers, but comes after our
+// deletion and before the next child). It is a safe fencing token, read in
+// the listing the recipe makes anyway, where our node's own czxid would
+// cost a request of its own (go-zookeeper has no Create2).
 //
 // # Failure modes
 //
@@ -279,7 +290,7 @@ func (l *Locker) acquire(ctx context.Context, key, parent string) (*lease, error
 	if err != nil {
 		return nil, err
 	}
-	s, err := l.wait(ctx, key, parent, path)
+	s, err := l.wait(ctx, key, parent, path, session)
 	if err != nil && !errors.Is(err, errVanished) {
 		l.bg.Go(func() { l.remove(path, session) })
 	}
@@ -421,26 +432,25 @@ func (l *Locker) find(parent, guid string) (string, error) {
 
 // wait waits until our node is the lowest in the queue, watching only the
 // node just below it.
-func (l *Locker) wait(ctx context.Context, key, parent, path string) (*lease, error) {
+func (l *Locker) wait(ctx context.Context, key, parent, path string, session int64) (*lease, error) {
 	name := path[len(parent)+1:]
 	seq, ok := sequence(name)
 	if !ok {
 		return nil, fmt.Errorf("zklock: unexpected node name %q", name)
 	}
-	// The first look at the queue goes together with the request grant
-	// needs (our node's stat, and a watch on it): one connection carries
-	// both at once, so a free lock costs one round trip after the create,
-	// not two. Neither changes while we wait, so a waiter uses it too.
-	stat := l.existsW(path)
 	var (
 		failing time.Time // since when requests fail: ZooKeeper unreachable
 		sent    time.Time // when the last look at the queue was sent
+		pzxid   int64     // the parent's at the last look: the token (grant)
 	)
 	for try := 0; ; try++ {
 		sent = time.Now()
 		err := func() error {
 			children, err := call(ctx, l, func() ([]string, error) {
-				c, _, err := l.conn.Children(parent)
+				c, st, err := l.conn.Children(parent)
+				if err == nil {
+					pzxid = st.Pzxid // read after call returns: the channel orders it
+				}
 				return c, err
 			})
 			if err != nil {
@@ -477,7 +487,7 @@ func (l *Locker) wait(ctx context.Context, key, parent, path string) (*lease, er
 		case err == nil:
 			// The session answered the look sent at sent: the lease's
 			// validity runs from then.
-			return l.grant(ctx, key, path, sent, stat)
+			return l.grant(key, path, session, sent, pzxid)
 		case errors.Is(err, errRetry):
 			continue
 		case ctx.Err() != nil:
@@ -503,55 +513,14 @@ func (l *Locker) wait(ctx context.Context, key, parent, path string) (*lease, er
 
 var errRetry = errors.New("zklock: look again")
 
-// existsResult is the answer to existsW.
-type existsResult struct {
-	st      *zk.Stat
-	deleted <-chan zk.Event // the watch on the node
-	err     error
-}
-
-// existsW sends ExistsW on path in the background; nil after Close.
-func (l *Locker) existsW(path string) <-chan existsResult {
-	res := make(chan existsResult, 1)
-	if !l.bg.Go(func() {
-		ok, st, deleted, err := l.conn.ExistsW(path)
-		if err == nil && !ok {
-			err = errVanished
-		}
-		res <- existsResult{st, deleted, err}
-	}) {
-		return nil
-	}
-	return res
-}
-
-// grant turns our node, now first in the queue, into a lease: it reads the
-// node's czxid (the token) and owner, and sets a watch that tells us if the
-// node is deleted behind our back: it takes them from pending, an existsW
-// sent after our node was created, or asks again if that failed. The
-// validity of the lease runs from sent, a request the session answered.
-func (l *Locker) grant(ctx context.Context, key, path string, sent time.Time, pending <-chan existsResult) (*lease, error) {
-	var r existsResult
-	for try := range 2 {
-		if pending == nil || try > 0 {
-			if pending = l.existsW(path); pending == nil {
-				return nil, errClosed
-			}
-		}
-		select {
-		case r = <-pending:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		if r.err == nil || errors.Is(r.err, errVanished) {
-			break
-		}
-	}
-	st, err := r.st, r.err
-	if err != nil {
-		return nil, err
-	}
-	s := &lease{locker: l, key: key, path: path, session: st.EphemeralOwner, token: uint64(st.Czxid)}
+// grant turns our node, now first in the queue, into a lease whose token
+// is pzxid, read in the listing that found our node first (see Token), and
+// whose validity runs from sent, a request the session answered. It costs
+// no request: a hot key's turn is a create, a listing and a delete, as the
+// bare recipe's. The watch on our own node that tells a deletion behind
+// our back is set only once the lease has been held for watchDelay (watch).
+func (l *Locker) grant(key, path string, session int64, sent time.Time, pzxid int64) (*lease, error) {
+	s := &lease{locker: l, key: key, path: path, session: session, token: uint64(pzxid)}
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
 		onFail = func(err error) { f(key, err) }
@@ -567,16 +536,35 @@ func (l *Locker) grant(ctx context.Context, key, path string, sent time.Time, pe
 	l.mu.Unlock()
 	// Registered first, so an expiry from now on reaches it; one before is
 	// caught here.
-	// Likewise a deletion of our node that onEvent heard before.
-	select {
-	case <-r.deleted:
-		s.ka.MarkLost()
-	default:
-	}
 	if l.conn.SessionID() != s.session {
 		s.ka.MarkLost()
 	}
+	s.watchTimer = time.AfterFunc(watchDelay, s.watch)
 	return s, nil
+}
+
+// watchDelay is how long a lease is held before it watches its own node.
+// Most leases of a hot key are released sooner, and so cost no watch: the
+// request, and the event its deletion sends back. A deletion behind our back
+// within watchDelay is told when the watch is set, which finds the node
+// gone.
+const watchDelay = 20 * time.Millisecond
+
+// watch sets a watch on our node (GetW: it sets none on a node that is
+// gone), whose deletion event onEvent turns into Lost; a node already gone
+// is lost at once. Nothing once Release began.
+func (s *lease) watch() {
+	l := s.locker
+	l.bg.Go(func() {
+		if s.released.Load() {
+			return
+		}
+		_, _, _, err := l.conn.GetW(s.path)
+		if errors.Is(err, zk.ErrNoNode) && !s.released.Load() {
+			s.ka.MarkLost()
+		}
+		// Any other failure: the keepalive's checks decide.
+	})
 }
 
 // onEvent hears every go-zookeeper event, on its goroutines: it must not
@@ -738,6 +726,8 @@ type lease struct {
 	token    uint64
 	ka       *locking.Keepalive
 	released atomic.Bool
+	// watchTimer sets the watch on our node after watchDelay.
+	watchTimer *time.Timer
 }
 
 func (s *lease) Key() string           { return s.key }
@@ -804,6 +794,7 @@ func (s *lease) Release(ctx context.Context) error {
 	default:
 	}
 	s.ka.Stop()
+	s.watchTimer.Stop()
 	retried := false
 	for try := 0; ; try++ {
 		if l.conn.SessionID() != s.session {

@@ -177,7 +177,7 @@ func TestNegotiatedSessionTimeout(t *testing.T) {
 }
 
 // Sequence numbers restart when the parent is removed and made again; the
-// token (czxid) must not.
+// token (a pzxid) must not.
 func TestTokenSurvivesParentRecreation(t *testing.T) {
 	servers := testbed.ZooKeeper(t)
 	l, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: ttl})
