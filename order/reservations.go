@@ -340,7 +340,7 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 		s.refreshLines(wctx, r.Lines, leases)
 	case errors.Is(err, storage.ErrOutOfStock):
 		s.refreshLines(wctx, r.Lines, leases)
-	case errors.Is(err, storage.ErrStaleFence):
+	case errors.Is(err, storage.ErrStaleFence), errors.Is(err, storage.ErrStaleSweeper):
 		s.metrics.guardConflicts.Inc()
 		err = fmt.Errorf("%w: %w", ErrLockLost, err)
 	default:

@@ -101,7 +101,10 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 // expireAll expires ids, sweepParallel at a time: each expiry waits for
 // the locks of its SKUs behind the holds that queue there, so one at a time
 // would let the lag grow under load. It stops at the first sign that a
-// newer sweeper took over (the lease lost, or the fence refusing).
+// newer sweeper took over: its lease lost, or the sweeper fence refusing.
+// Any other refusal is one reservation's (a SKU's lease lost, or its fence
+// ahead of this backend's tokens): the pass goes on without it, else the
+// oldest due hold, refused first on every pass, would stop every pass.
 func (s *Service) expireAll(ctx context.Context, ids []string, lease locking.Lease, sweepToken uint64) (int, error) {
 	var (
 		mu      sync.Mutex
@@ -130,11 +133,11 @@ func (s *Service) expireAll(ctx context.Context, ids []string, lease locking.Lea
 			switch {
 			case err == nil:
 				expired++
-			case errors.Is(err, ErrLockLost):
+			case errors.Is(err, storage.ErrStaleSweeper):
 				stop = err // a newer sweeper took over
 			default:
-				// Another replica settled it first, or it failed: the next
-				// pass finds it again if it is still due.
+				// Another replica settled it first, or it failed or was
+				// refused: the next pass finds it again if it is still due.
 				s.log.Debug("expiry skipped", "reservation_id", id, "err", err)
 			}
 		})

@@ -29,6 +29,10 @@ var (
 	// ErrSettled: the reservation is no longer held, or (DB clock) past
 	// its expires_at; Settle returns it wrapped with the row as it is.
 	ErrSettled = errors.New("storage: reservation not held")
+	// ErrStaleSweeper: the sweeper fence found an expiry by a newer
+	// sweeper; unlike a SKU's ErrStaleFence, it says the whole pass is
+	// stale.
+	ErrStaleSweeper = errors.New("storage: stale sweeper token")
 )
 
 // Line is one SKU of a reservation, with the fencing token of the lease
@@ -205,7 +209,7 @@ type Settlement struct {
 // expires_at, expire only from it on. When it changes no row, nothing is
 // written and the error wraps ErrSettled, with the reservation as it is
 // (ErrNoReservation if there is none). Guard refusals are as in Hold; a
-// sweeper fenced off by a newer one is ErrStaleFence.
+// sweeper fenced off by a newer one is ErrStaleSweeper.
 func (s *Store) Settle(ctx context.Context, guard Guard, st Settlement, moves []Move) (Reservation, []Inventory, error) {
 	var r Reservation
 	var after []Inventory
@@ -234,7 +238,7 @@ func (s *Store) Settle(ctx context.Context, guard Guard, st Settlement, moves []
 				return res.Error
 			}
 			if res.RowsAffected == 0 {
-				return fmt.Errorf("sweeper token %d: %w", st.SweepToken, ErrStaleFence)
+				return fmt.Errorf("sweeper token %d: %w", st.SweepToken, ErrStaleSweeper)
 			}
 		}
 		var err error

@@ -87,8 +87,8 @@ func TestStaleSweeperRefused(t *testing.T) {
 				t.Fatalf("expiry under token 100: %v", err)
 			}
 			_, _, err = expire(t, s, b, lock, 5) // an older sweeper, paused past its lease
-			if !errors.Is(err, storage.ErrStaleFence) {
-				t.Fatalf("expiry under token 5 after one under 100: %v, want %v", err, storage.ErrStaleFence)
+			if !errors.Is(err, storage.ErrStaleSweeper) {
+				t.Fatalf("expiry under token 5 after one under 100: %v, want %v", err, storage.ErrStaleSweeper)
 			}
 			if r, _ := s.Reservation(t.Context(), b); r.Status != storage.StatusHeld {
 				t.Errorf("the refused expiry left the reservation %s, want held", r.Status)
