@@ -108,9 +108,11 @@ func ReservationSweeperPause() loadtest.Fault {
 		p := <-cancel.done
 		run.Eventf("%s resumed (SIGCONT) after %s and sent its cancel with the row it read before the pause: %d %s", r.Name, since(t0), p.status, p.code)
 		if p.status != http.StatusOK {
-			// Refused (fencing: the lease is lost); the client tries again.
-			p = settleRetried(ctx, d.client, r.URL, kept.id, "cancel")
-			run.Eventf("the cancel tried again answered %d %s", p.status, p.code)
+			// Refused (fencing: the lease is lost): the client tries
+			// again, on another replica (the resumed one's connections
+			// to Redis may still be failing).
+			p = settleRetried(ctx, d.client, others[0].URL, kept.id, "cancel")
+			run.Eventf("the cancel tried again on %s answered %d %s", others[0].Name, p.status, p.code)
 		}
 		if err := checkGiveBacks(ctx, db, run, swept.id, "expired", 1); err != nil {
 			return err
@@ -318,17 +320,20 @@ func postJSON(ctx context.Context, client *http.Client, url string, body []byte,
 	return placed{status: resp.StatusCode, id: o.ID, code: o.Error.Code}
 }
 
-// settleRetried is settle retried while it gets no answer or a 503 (a
-// lock wait behind a dead or frozen holder), a few times.
+// settleRetried is settle retried while it gets no answer, a 503 (a lock
+// wait behind a dead or frozen holder) or a 409 the client may retry
+// (lock_lost, conflict), a few times.
 func settleRetried(ctx context.Context, client *http.Client, base, id, op string) placed {
 	return retried(ctx, func() placed { return settle(ctx, client, base, id, op) })
 }
 
-// retried calls try until it gets an answer below 500, five times at most.
+// retried calls try until it gets an answer not worth retrying, five
+// times at most.
 func retried(ctx context.Context, try func() placed) placed {
 	var p placed
 	for n := range 5 {
-		if p = try(); p.status != 0 && p.status < 500 {
+		p = try()
+		if p.status != 0 && p.status < 500 && p.code != "lock_lost" && p.code != "conflict" {
 			return p
 		}
 		if n == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
