@@ -69,7 +69,7 @@ func writeReservationsMarkdown(w io.Writer, results []Result) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\n## Reservations\n\n| %s |\n|%s|\n", strings.Join(ReservationHeads, " | "), strings.Repeat("---|", len(ReservationHeads)))
+	fmt.Fprintf(w, "\n## Reservations\n\n| %s |\n|%s\n", strings.Join(ReservationHeads, " | "), strings.Repeat("---|", len(ReservationHeads)))
 	for _, row := range rows {
 		fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
 	}

@@ -12,11 +12,12 @@ import (
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
-// needServers skips the test when MariaDB or Redis is not installed, or
-// fails it when OVERSOLD_REQUIRE_SERVERS=1 (make test, CI).
-func needServers(t *testing.T) {
+// needServers skips the test when MariaDB, Redis or one of more (testbed
+// kinds) is not installed, or fails it when OVERSOLD_REQUIRE_SERVERS=1
+// (make test, CI).
+func needServers(t *testing.T, more ...string) {
 	t.Helper()
-	for _, kind := range []string{testbed.KindMariaDB, testbed.KindRedis} {
+	for _, kind := range append([]string{testbed.KindMariaDB, testbed.KindRedis}, more...) {
 		if cmd := testbed.Missing(kind); cmd != "" {
 			if os.Getenv(testbed.EnvRequireServers) == "1" {
 				t.Fatalf("%s is not installed: %s", kind, cmd)
