@@ -224,3 +224,52 @@ func TestAtomicBatchOnStaleCache(t *testing.T) {
 		t.Errorf("audit %+v, want 3 orders, stock 0", a)
 	}
 }
+
+// TestRetryRacesItsOwnTry: a retry sent while its first try still queues
+// (a lost reply, a client timeout) meets the first in the next batch. With
+// one unit in stock, the first takes it; the retry must get that order back
+// (200), not out_of_stock: 409 would tell the client to stop while it holds
+// an order it never learns about. Orders and holds alike.
+func TestRetryRacesItsOwnTry(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	h := f.redisReplicas(1, order.Config{Guard: storage.GuardVersion})[0]
+
+	f.stock("rr-order", 1)
+	recs := f.queued(h, "rr-order", []string{"K", "K"}, func(int) int { return 1 })
+	if recs[0].Code != http.StatusCreated || recs[1].Code != http.StatusOK {
+		t.Errorf("order and its retry: %d %s, %d %s; want 201 and 200", recs[0].Code, recs[0].Body, recs[1].Code, recs[1].Body)
+	} else if a, b := decodeOrder(t, recs[0]).ID, decodeOrder(t, recs[1]).ID; a != b {
+		t.Errorf("the retry answered order %s, the first try %s", b, a)
+	}
+
+	f.stock("rr-hold", 1)
+	other, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	lease, err := other.Acquire(t.Context(), "sku/rr-hold")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holds := make([]*httptest.ResponseRecorder, 2)
+	var wg sync.WaitGroup
+	for i := range holds {
+		wg.Go(func() { holds[i] = hold(h, 0, "HK", "rr-hold", 1) })
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	codes := map[int]int{holds[0].Code: 1}
+	codes[holds[1].Code]++
+	if codes[http.StatusCreated] != 1 || codes[http.StatusOK] != 1 {
+		t.Errorf("hold and its retry: %d %s, %d %s; want a 201 and a 200", holds[0].Code, holds[0].Body, holds[1].Code, holds[1].Body)
+	}
+	if a := f.audit("rr-order"); a.Orders != 1 || a.Stock != 0 {
+		t.Errorf("MySQL %+v, want the one order", a)
+	}
+}

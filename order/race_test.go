@@ -46,33 +46,37 @@ func TestIdempotencyUnderConcurrency(t *testing.T) {
 		{"none", storage.GuardAtomic},
 		{"local", storage.GuardNone},
 	} {
-		t.Run(c.lock+"/"+string(c.guard), func(t *testing.T) {
-			sku := "idem-" + c.lock + "-" + string(c.guard)
-			f.stock(sku, 100)
-			var locker order.Locker
-			if c.lock == "local" {
-				locker = local.New()
-			}
-			h := f.service(locker, order.Config{Lock: c.lock, Guard: c.guard}).Handler()
-			recs := burst([]http.Handler{h}, sku, 20, "Idempotency-Key", "key-"+sku)
-
-			codes := map[int]int{}
-			ids := map[string]bool{}
-			for _, r := range recs {
-				codes[r.Code]++
-				if r.Code < 300 {
-					ids[decodeOrder(t, r).ID] = true
-				} else {
-					t.Errorf("answer %d %s", r.Code, r.Body)
+		// With one unit, the tries that lose the race for it must still
+		// find their order, not out_of_stock.
+		for _, stock := range []int64{100, 1} {
+			t.Run(fmt.Sprintf("%s/%s/stock-%d", c.lock, c.guard, stock), func(t *testing.T) {
+				sku := fmt.Sprintf("idem-%s-%s-%d", c.lock, c.guard, stock)
+				f.stock(sku, stock)
+				var locker order.Locker
+				if c.lock == "local" {
+					locker = local.New()
 				}
-			}
-			if codes[201] != 1 || codes[200] != 19 || len(ids) != 1 {
-				t.Errorf("statuses %v, %d distinct ids; want one 201, nineteen 200, one id", codes, len(ids))
-			}
-			if a := f.audit(sku); a.Orders != 1 || a.Ordered != 1 || a.Stock != 99 || a.DuplicateKeys != 0 {
-				t.Errorf("MySQL %+v, want one order and one decrement (stock 99)", a)
-			}
-		})
+				h := f.service(locker, order.Config{Lock: c.lock, Guard: c.guard}).Handler()
+				recs := burst([]http.Handler{h}, sku, 20, "Idempotency-Key", "key-"+sku)
+
+				codes := map[int]int{}
+				ids := map[string]bool{}
+				for _, r := range recs {
+					codes[r.Code]++
+					if r.Code < 300 {
+						ids[decodeOrder(t, r).ID] = true
+					} else {
+						t.Errorf("answer %d %s", r.Code, r.Body)
+					}
+				}
+				if codes[201] != 1 || codes[200] != 19 || len(ids) != 1 {
+					t.Errorf("statuses %v, %d distinct ids; want one 201, nineteen 200, one id", codes, len(ids))
+				}
+				if a := f.audit(sku); a.Orders != 1 || a.Ordered != 1 || a.Stock != stock-1 || a.DuplicateKeys != 0 {
+					t.Errorf("MySQL %+v, want one order and one decrement (stock %d)", a, stock-1)
+				}
+			})
+		}
 	}
 }
 

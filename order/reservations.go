@@ -116,6 +116,13 @@ func (s *Service) GetReservation(ctx context.Context, id string) (Reservation, e
 // held earlier with the same key and the same request.
 func (s *Service) Hold(ctx context.Context, req HoldRequest) (Reservation, bool, error) {
 	r, replayed, err := retried(ctx, func() (storage.Reservation, bool, error) { return s.holdOnce(ctx, req) })
+	if errors.Is(err, storage.ErrOutOfStock) && req.Key != "" {
+		// A retry that raced its own first try finds the stock that try
+		// held: it is a replay, not a refusal.
+		if prev, again, rerr := s.replayHold(ctx, req); again || rerr != nil {
+			r, replayed, err = prev, again, rerr
+		}
+	}
 	if err != nil {
 		return Reservation{}, false, err
 	}

@@ -205,6 +205,14 @@ func (s *Service) Handler() http.Handler { return s.handler }
 func (s *Service) Place(ctx context.Context, req Request) (o Order, replayed bool, err error) {
 	for attempt := 1; ; attempt++ {
 		o, replayed, err = s.placeOnce(ctx, req)
+		if errors.Is(err, storage.ErrOutOfStock) && req.Key != "" {
+			// A retry that raced its own first try (both past step 1
+			// before either committed) finds the stock that try took: it
+			// is a replay, not a refusal.
+			if prev, lerr := s.store.OrderByKey(ctx, req.Key); lerr == nil {
+				return replay(prev, req)
+			}
+		}
 		if !errors.Is(err, storage.ErrConflict) || attempt == maxAttempts {
 			return o, replayed, err
 		}
