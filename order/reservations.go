@@ -151,7 +151,7 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	}
 	defer s.releaseAll(ctx, leases, holds)
 
-	seen, err := s.readRows(ctx, skus)
+	seen, err := s.readRows(ctx, skus, leases)
 	if err != nil {
 		return storage.Reservation{}, false, err
 	}
@@ -306,7 +306,7 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 		return storage.Reservation{}, err
 	}
 	defer s.releaseAll(ctx, leases, holds)
-	seen, err := s.readRows(ctx, skus)
+	seen, err := s.readRows(ctx, skus, leases)
 	if err != nil {
 		return storage.Reservation{}, err
 	}
@@ -471,10 +471,14 @@ func token(leases *locking.Leases, sku string) uint64 {
 }
 
 // readRows reads the SKUs' rows from MySQL, the truth, under their locks.
-func (s *Service) readRows(ctx context.Context, skus []string) (map[string]storage.Inventory, error) {
+func (s *Service) readRows(ctx context.Context, skus []string, leases *locking.Leases) (map[string]storage.Inventory, error) {
+	read := s.store.Inventory
+	if leases != nil { // the latest commits, as a lease holder's order reads (loader)
+		read = s.store.InventoryLatest
+	}
 	rows := make(map[string]storage.Inventory, len(skus))
 	for _, sku := range slices.Sorted(slices.Values(skus)) {
-		inv, err := s.store.Inventory(ctx, sku)
+		inv, err := read(ctx, sku)
 		if err != nil {
 			return nil, err
 		}
