@@ -97,6 +97,8 @@ type Store interface {
 	Heartbeat(ctx context.Context, r storage.Replica) error
 	RemoveReplica(ctx context.Context, instance string) error
 	LiveReplicas(ctx context.Context, within time.Duration) ([]storage.Replica, error)
+	// AdoptFences: see storage.Store.AdoptFences.
+	AdoptFences(ctx context.Context, lock string) (reset bool, err error)
 }
 
 // Cache is the stock cache of steps 3 and 7 (inventory.Cache).

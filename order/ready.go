@@ -60,6 +60,13 @@ func (s *Service) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: %s", ErrMixedSettings, strings.Join(mixed, "; "))
 	}
+	// Alone with its settings now, it may take the fences over from
+	// another backend's tokens.
+	if reset, err := s.store.AdoptFences(ctx, s.cfg.Lock); err != nil {
+		return fmt.Errorf("adopt fences for lock %q: %w", s.cfg.Lock, err)
+	} else if reset {
+		s.log.Warn("the lock backend changed: SKU fences reset to 0", "lock", s.cfg.Lock)
+	}
 	s.heartbeat.Go(s.sweepLoop)
 	s.heartbeat.Go(func() {
 		t := time.NewTicker(heartbeatEvery)

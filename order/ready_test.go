@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/local"
 	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
@@ -117,4 +118,47 @@ func live(t *testing.T, f *fixture) string {
 		names = append(names, r.Instance)
 	}
 	return strings.Join(names, " ")
+}
+
+// TestLockSwitchResetsFences: the fleet moves from zookeeper (czxid tokens,
+// at least 2^32) to redis (a counter from 1 per key), the documented way:
+// the old replicas stopped first. The first redis replica's Start resets
+// the fences, so fenced orders and admin resets work at once; a replica of
+// the same backend resets nothing. Under guard version a reset never reads
+// the fence at all.
+func TestLockSwitchResetsFences(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	if _, err := f.store.AdoptFences(ctx, "zookeeper"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.PutInventory(ctx, storage.Put{SKU: "switch", Stock: 10, Token: 1 << 33}); err != nil {
+		t.Fatal(err)
+	}
+	version := f.redisReplicas(1, order.Config{Guard: storage.GuardVersion, AdminToken: adminToken})[0]
+	if rec := call(version, http.MethodPut, "/v1/inventory/switch", `{"stock": 10}`, "Authorization", "Bearer "+adminToken); rec.Code != http.StatusOK {
+		t.Errorf("guard version, fence of another backend: PUT %d %s, want 200", rec.Code, rec.Body)
+	}
+
+	locker, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { locker.Close() })
+	s := f.service(locker, order.Config{Instance: "rf", Lock: "redis", Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	h := s.Handler()
+	if rec := post(h, "switch", 1); rec.Code != http.StatusCreated {
+		t.Errorf("guard fencing after the switch: order %d %s, want 201", rec.Code, rec.Body)
+	}
+	if rec := call(h, http.MethodPut, "/v1/inventory/switch", `{"stock": 20}`, "Authorization", "Bearer "+adminToken); rec.Code != http.StatusOK {
+		t.Errorf("guard fencing after the switch: PUT %d %s, want 200", rec.Code, rec.Body)
+	}
+	if reset, err := f.store.AdoptFences(ctx, "redis"); err != nil || reset {
+		t.Errorf("a second redis replica: reset %v, err %v; want no reset", reset, err)
+	}
 }

@@ -13,8 +13,8 @@ import (
 // /v1/inventory/{sku}), creating the SKU if needed. It runs under the SKU's
 // lock like an order, so no order's read-then-write straddles it; the
 // write bumps the version (an order that read before it is refused by the
-// version guard) and raises the fence to the lease's token (a holder older
-// than the reset is refused by the fencing guard). ifVersion, when not 0,
+// version guard) and, under the fencing guard, raises the fence to the
+// lease's token (a holder older than the reset is refused). ifVersion, when not 0,
 // must be the SKU's current version, else storage.ErrPrecondition. The
 // cache entry is overwritten, whatever version it claims.
 func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersion uint64) (storage.Inventory, error) {
@@ -29,7 +29,9 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersi
 		if lost(lease) {
 			return storage.Inventory{}, fmt.Errorf("%w before the reset", ErrLockLost)
 		}
-		put.Token = lease.Token()
+		if s.cfg.Guard == storage.GuardFencing { // only fenced writes read the fence
+			put.Token = lease.Token()
+		}
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
