@@ -43,6 +43,38 @@ type WriteRecord struct {
 	Outcome  string    `json:"outcome"` // "committed" or "refused"
 }
 
+// Batches is how the replicas sold, from their write records: committed
+// guarded writes (one per transaction: with coalescing on, one per batch
+// of orders), the orders they carried, how many carried more than one,
+// and the most one carried.
+type Batches struct {
+	Writes  int `json:"writes"`
+	Orders  int `json:"orders"`
+	Multi   int `json:"multi"`
+	Largest int `json:"largest"`
+}
+
+// BatchesOf sums the committed writes; nil when there are none (refused
+// writes sold nothing: their orders were retried or answered).
+func BatchesOf(writes []WriteRecord) *Batches {
+	var b Batches
+	for _, w := range writes {
+		if w.Outcome != "committed" {
+			continue
+		}
+		b.Writes++
+		b.Orders += w.Orders
+		if w.Orders > 1 {
+			b.Multi++
+		}
+		b.Largest = max(b.Largest, w.Orders)
+	}
+	if b.Writes == 0 {
+		return nil
+	}
+	return &b
+}
+
 // The msg of the record lines (order.LeaseRecord, order.WriteRecord).
 const (
 	leaseMsg = "lease"

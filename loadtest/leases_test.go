@@ -38,6 +38,27 @@ func TestOverlaps(t *testing.T) {
 	}
 }
 
+// TestBatchesOf: only committed writes count (a refused batch sold
+// nothing), each write's orders are summed, and a batch is a write of more
+// than one order.
+func TestBatchesOf(t *testing.T) {
+	writes := []WriteRecord{
+		{Orders: 1, Outcome: "committed"},
+		{Orders: 4, Outcome: "refused"},
+		{Orders: 3, Outcome: "committed"},
+		{Orders: 9, Outcome: "refused"},
+		{Orders: 2, Outcome: "committed"},
+	}
+	got := BatchesOf(writes)
+	want := Batches{Writes: 3, Orders: 6, Multi: 2, Largest: 3}
+	if got == nil || *got != want {
+		t.Errorf("BatchesOf = %+v, want %+v", got, want)
+	}
+	if got := BatchesOf(writes[1:2]); got != nil {
+		t.Errorf("only refused writes: %+v, want nil", got)
+	}
+}
+
 func TestReadRecords(t *testing.T) {
 	dir := t.TempDir()
 	log := `not json

@@ -56,6 +56,8 @@ type Result struct {
 	Phases         Phases   `json:"phases_s"`
 	OverTime       []Slice  `json:"latency_over_time,omitempty"`
 	ReplicaLogs    string   `json:"replica_logs,omitempty"` // folder of the replicas' stderr
+	// Batches: the committed writes and the orders in each (coalescing).
+	Batches *Batches `json:"batches,omitempty"`
 
 	// Fault runs (issue 5).
 

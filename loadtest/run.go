@@ -415,6 +415,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		if err != nil {
 			res.Notes = append(res.Notes, "lease records: "+err.Error())
 		}
+		res.Batches = BatchesOf(writes)
 		ov := Overlaps(leases)
 		res.Leases, res.Overlaps = len(leases), len(ov)
 		if bus != nil {
