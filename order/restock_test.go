@@ -24,7 +24,11 @@ import (
 // conservation holds exactly: final stock = initial + 100 × restocks -
 // sold. A sale that read before a PUT and wrote after it (a restock lost)
 // or a PUT applied over a concurrent sale (a sale lost) breaks it, under
-// every guard.
+// every guard. Under load a request may be answered 503: an order so
+// answered must not exist (the count in MySQL is the count acknowledged),
+// and a PUT so answered may or may not have been applied (a 503
+// unavailable can be a commit whose outcome is unknown), so it counts as
+// 0 or 100, never as anything else; a 503 lock_timeout wrote nothing.
 func TestRestockRacesNoSale(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -52,7 +56,7 @@ func TestRestockRacesNoSale(t *testing.T) {
 				}
 			}
 
-			var restocks, refusedPuts, sold atomic.Int64
+			var restocks, refusedPuts, doubtfulPuts, sold atomic.Int64
 			stop := make(chan struct{})
 			start := make(chan struct{})
 			var sellers, admins sync.WaitGroup
@@ -63,7 +67,7 @@ func TestRestockRacesNoSale(t *testing.T) {
 						switch rec := post(hs[(w+i)%3], sku, 1); rec.Code {
 						case http.StatusCreated:
 							sold.Add(1)
-						case http.StatusConflict:
+						case http.StatusConflict, http.StatusServiceUnavailable:
 						default:
 							t.Errorf("order: %d %s", rec.Code, rec.Body)
 							return
@@ -97,6 +101,10 @@ func TestRestockRacesNoSale(t *testing.T) {
 							restocks.Add(1)
 						case http.StatusPreconditionFailed:
 							refusedPuts.Add(1)
+						case http.StatusServiceUnavailable:
+							if errorCodeOf(rec.Body.Bytes()) != "lock_timeout" {
+								doubtfulPuts.Add(1)
+							}
 						default:
 							t.Errorf("PUT: %d %s", rec.Code, rec.Body)
 							return
@@ -112,10 +120,14 @@ func TestRestockRacesNoSale(t *testing.T) {
 
 			a := f.audit(sku)
 			want := initial + 100*restocks.Load() - a.Ordered
-			t.Logf("%d restocks (%d refused), %d sold (%d in MySQL), final stock %d", restocks.Load(), refusedPuts.Load(), sold.Load(), a.Ordered, a.Stock)
-			if a.Stock != want || a.Ordered != sold.Load() || a.Stock < 0 {
-				t.Errorf("final stock %d, want %d = %d + 100 × %d restocks - %d sold (%d acknowledged)",
-					a.Stock, want, initial, restocks.Load(), a.Ordered, sold.Load())
+			// applied is how many of the doubtful PUTs the stock says were
+			// applied: a whole number from 0 to all of them.
+			applied := (a.Stock - want) / 100
+			t.Logf("%d restocks (%d refused, %d doubtful), %d sold (%d in MySQL), final stock %d",
+				restocks.Load(), refusedPuts.Load(), doubtfulPuts.Load(), sold.Load(), a.Ordered, a.Stock)
+			if (a.Stock-want)%100 != 0 || applied < 0 || applied > doubtfulPuts.Load() || a.Ordered != sold.Load() || a.Stock < 0 {
+				t.Errorf("final stock %d, want %d = %d + 100 × %d restocks (+ 100 × up to %d doubtful) - %d sold (%d acknowledged)",
+					a.Stock, want, initial, restocks.Load(), doubtfulPuts.Load(), a.Ordered, sold.Load())
 			}
 			if restocks.Load() == 0 || a.Ordered == 0 {
 				t.Errorf("%d restocks and %d sales: the race did not happen", restocks.Load(), a.Ordered)
@@ -189,8 +201,9 @@ type failingForce struct{ order.Cache }
 func (failingForce) Force(context.Context, inventory.Item) error { return inventory.ErrDown }
 
 // TestRestockCacheFailure: a reset committed in MySQL whose cache overwrite
-// failed leaves no old entry for a guard that trusts the cached read: the
-// next sale builds on the reset's stock, not on the entry from before it.
+// failed is answered 200 (it happened), and leaves no old entry for a guard
+// that trusts the cached read: the next sale, on another replica, builds on
+// the reset's stock, not on the entry from before it.
 func TestRestockCacheFailure(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -206,8 +219,8 @@ func TestRestockCacheFailure(t *testing.T) {
 	defer locker.Close()
 	admin := f.serviceWith(f.openStore(), func(c order.Cache) order.Cache { return failingForce{c} }, locker,
 		order.Config{Instance: "admin", Lock: "redis", Guard: storage.GuardNone, AdminToken: adminToken}).Handler()
-	if rec := call(admin, http.MethodPut, "/v1/inventory/rcf", `{"stock":10}`, "Authorization", "Bearer "+adminToken); rec.Code != http.StatusServiceUnavailable {
-		t.Fatalf("PUT with the cache overwrite failing: %d %s, want 503", rec.Code, rec.Body)
+	if rec := call(admin, http.MethodPut, "/v1/inventory/rcf", `{"stock":10}`, "Authorization", "Bearer "+adminToken); rec.Code != http.StatusOK {
+		t.Fatalf("PUT with the cache overwrite failing: %d %s, want 200", rec.Code, rec.Body)
 	}
 	if rec := post(h, "rcf", 1); rec.Code != http.StatusCreated {
 		t.Fatalf("%d %s", rec.Code, rec.Body)
