@@ -1,6 +1,7 @@
 package order
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -37,7 +38,7 @@ func (s *Service) routes() http.Handler {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.limit())
+	e.Use(s.limit(), noOptions)
 	e.POST("/v1/orders", s.postOrder)
 	e.GET("/v1/orders/:id", s.getOrder)
 	e.POST("/v1/reservations", s.postReservation)
@@ -51,6 +52,17 @@ func (s *Service) routes() http.Handler {
 	e.GET("/metrics", echo.WrapHandler(s.metrics.Handler()))
 	e.GET("/openapi.json", serveOpenAPI)
 	return e
+}
+
+// noOptions answers OPTIONS on a known path as any other method it does
+// not serve: 405 (echo's router would answer 204).
+func noOptions(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if allow, _ := c.Get(echo.ContextKeyHeaderAllow).(string); c.Request().Method == http.MethodOptions && allow != "" {
+			return echo.ErrMethodNotAllowed
+		}
+		return next(c)
+	}
 }
 
 // postOrder: POST /v1/orders {"sku","quantity"}, optional Idempotency-Key.
@@ -300,6 +312,10 @@ var errorCodes = []struct {
 	{ErrLockTimeout, http.StatusServiceUnavailable, "lock_timeout", "the sku's lock was not granted in time; retry later"},
 	{ErrUnavailable, http.StatusServiceUnavailable, "unavailable", "a server the service needs did not answer; retry later"},
 	{locking.ErrUnavailable, http.StatusServiceUnavailable, "unavailable", "a server the service needs did not answer; retry later"},
+	// Last: a cause above says more. The request's own time ran out
+	// (OVERSOLD_REQUEST_TIMEOUT), or its client left.
+	{context.DeadlineExceeded, http.StatusServiceUnavailable, "unavailable", "the request ran out of time; retry later"},
+	{context.Canceled, http.StatusServiceUnavailable, "unavailable", "the request was cancelled; retry later"},
 }
 
 // unanticipated is the message of a failure nobody anticipated.
@@ -350,6 +366,10 @@ func (s *Service) handleError(err error, c echo.Context) {
 	}
 	h := c.Response().Header()
 	switch status {
+	case http.StatusMethodNotAllowed: // the methods the path serves (RFC 9110)
+		if allow, _ := c.Get(echo.ContextKeyHeaderAllow).(string); allow != "" {
+			h.Set("Allow", strings.TrimPrefix(allow, "OPTIONS, ")) // OPTIONS is refused too
+		}
 	case http.StatusServiceUnavailable:
 		h.Set("Retry-After", retryAfterSecs)
 	case http.StatusUnauthorized:

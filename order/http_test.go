@@ -104,8 +104,19 @@ func TestAPI(t *testing.T) {
 		{"no route", func() (int, string) { r := call(h, http.MethodGet, "/v2/nothing", ""); return r.Code, errorCode(t, r) }, 404, "not_found"},
 		{"wrong method", func() (int, string) {
 			r := call(h, http.MethodDelete, "/v1/orders", "")
+			if allow := r.Header().Get("Allow"); allow != "POST" {
+				t.Errorf("405 with Allow %q, want POST", allow)
+			}
 			return r.Code, errorCode(t, r)
 		}, 405, "invalid_request"},
+		{"OPTIONS", func() (int, string) {
+			r := call(h, http.MethodOptions, "/v1/inventory/apple", "")
+			if allow := r.Header().Get("Allow"); allow != "GET, PUT" {
+				t.Errorf("405 with Allow %q, want GET, PUT", allow)
+			}
+			return r.Code, errorCode(t, r)
+		}, 405, "invalid_request"},
+		{"OPTIONS on no route", func() (int, string) { r := call(h, http.MethodOptions, "/v2/nothing", ""); return r.Code, errorCode(t, r) }, 404, "not_found"},
 	} {
 		if status, code := c.rec(); status != c.status || code != c.code {
 			t.Errorf("%s: %d %s, want %d %s", c.name, status, code, c.status, c.code)
