@@ -325,7 +325,9 @@ func storm(t *testing.T, f *fixture, backend string, bc backends.Config, guard s
 		}
 		t.Cleanup(func() { l.Close() })
 		svc := f.service(l, order.Config{Instance: fmt.Sprintf("%s-%d", t.Name(), i), Lock: backend, Guard: guard,
-			LockWait: 5 * time.Second, SweepInterval: 200 * time.Millisecond})
+			// A deadlock would wait out LockWait and answer lock_timeout;
+			// 20 s keeps a loaded machine's slow grants from looking like one.
+			LockWait: 20 * time.Second, SweepInterval: 200 * time.Millisecond})
 		svcs = append(svcs, svc)
 		hs = append(hs, svc.Handler())
 	}
@@ -395,7 +397,7 @@ func storm(t *testing.T, f *fixture, backend string, bc backends.Config, guard s
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d holds still held 10s after their expiry", held)
+			t.Fatalf("%d holds still held 10s after their expiry; outcomes %v", held, codes)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
