@@ -8,8 +8,9 @@
 //
 // Repeated runs (-count N, or several outputs concatenated) are paired: the
 // k-th result of ours with the k-th result of each peer in the same
-// workload, which ran next to it, so a ratio is always taken within one
-// run. Each cell is the median over the runs, each ratio the median of the
+// workload. With -count N, go test runs each sub-benchmark N times in a
+// row (ours N times, then each peer), so a pair is seconds apart, in the
+// same workload's block. Each cell is the median over the runs, each ratio the median of the
 // per-run ratios with their range: on a shared machine one run's ratio
 // can move by 2x.
 //
@@ -227,7 +228,7 @@ func ratio(oursV, peerV float64, higher bool) (float64, bool) {
 }
 
 // ratios are ours against the best peer of the same run, run by run: the
-// k-th results of each implementation in a workload ran side by side.
+// k-th results of each implementation in a workload.
 func (s *server) ratios(w, unit string, higher bool) []float64 {
 	var xs []float64
 	for k, o := range s.runs[w][ours] {
@@ -329,7 +330,7 @@ func (r *report) write(w io.Writer) {
 	}
 	if n := r.runCount(); n > 1 {
 		fmt.Fprintf(w, "Runs: %d. Every figure is the median over the runs; every ratio is the median of the %d per-run ratios "+
-			"(ours against the best peer of the same run, which ran right after it), with their range.\n\n", n, n)
+			"(the k-th run of ours against the best peer's k-th run: go test -count runs ours %d times in a row, then each peer), with their range.\n\n", n, n, n)
 	}
 	fmt.Fprintf(w, "Every ratio reads > 1 when ours is better: acq/s is ours ÷ best peer, "+
 		"handoff (one holder's Release called to another contender's Acquire returned) is best peer ÷ ours. "+
