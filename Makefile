@@ -79,7 +79,7 @@ compose-demo: deps
 	deploy/images/compose-demo.sh
 
 # Lock benchmarks: every backend against the peer libraries on private real
-# servers, three runs each (about 25 minutes on 2 cores): a ratio pairs the
+# servers, three runs each (about 15 minutes on 2 cores): a ratio pairs the
 # k-th run of ours with the k-th of each peer, and the table gives the median
 # of the three ratios and their range.
 # Prints the tables and writes them to bench/results.md; benchtable refuses

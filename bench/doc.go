@@ -2,8 +2,12 @@
 // side with the peer library for the same server, on the same private real
 // servers (internal/testbed), in the same run, with the same client settings.
 //
-//	go test -run '^$' -bench . -benchtime 3s ./bench/ | tee bench/bench.out
+//	go test -run '^$' -bench . -benchtime 3s -count 3 ./bench/ | tee bench/bench.out
 //	go run ./bench/cmd/benchtable < bench/bench.out > bench/results.md
+//
+// With -count 3 (make bench) the table gives each ratio as the median of the
+// three per-run ratios with their range: on a shared machine one run's ratio
+// can move by 2x.
 //
 // Sub-benchmarks are named Benchmark<Server>/<workload>/<implementation>:
 //

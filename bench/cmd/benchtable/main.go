@@ -342,7 +342,7 @@ func (r *report) write(w io.Writer) {
 		}
 		fmt.Fprintf(w, "\n## %s (%s)\n\n", s.name, s.version)
 		if len(s.loads) > 0 {
-			fmt.Fprintf(w, "Load average (1 min) when each run began: %s.\n\n", loads(s.loads))
+			fmt.Fprintf(w, "Load average (1 min) when this server's benchmarks began (each invocation): %s.\n\n", loads(s.loads))
 		}
 		for _, wt := range s.waits {
 			fmt.Fprintf(w, "- %s: %s\n", wt[0], wt[1])

@@ -192,7 +192,7 @@ func TestRepeatedRuns(t *testing.T) {
 	for _, want := range []string{
 		"Run: 2026-01-02 03:04 UTC", // the first run's date
 		"Runs: 3.",
-		"Load average (1 min) when each run began: 20.5, 7.2, 30.0.",
+		"Load average (1 min) when this server's benchmarks began (each invocation): 20.5, 7.2, 30.0.",
 		"| hot-8 | ours | 200 | 2.00 | — | — |",
 	} {
 		if !strings.Contains(out, want) {
