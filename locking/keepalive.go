@@ -20,6 +20,7 @@ import (
 // released before its first renewal (most of them) costs two timer starts.
 type Keepalive struct {
 	ttl    time.Duration
+	now    func() time.Time // time.Now; a test's clock can jump as a pause would
 	renew  RenewFunc
 	onFail func(error)
 	lost   chan struct{}
@@ -46,9 +47,14 @@ func Drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecon
 // StartKeepalive starts renewing a lease granted by a request sent at sent.
 // onFail, if not nil, hears every failed renewal (for metrics).
 func StartKeepalive(ttl time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
+	return startKeepalive(time.Now, ttl, sent, renew, onFail)
+}
+
+func startKeepalive(now func() time.Time, ttl time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &Keepalive{
 		ttl:        ttl,
+		now:        now,
 		renew:      renew,
 		onFail:     onFail,
 		lost:       make(chan struct{}),
@@ -58,7 +64,7 @@ func StartKeepalive(ttl time.Duration, sent time.Time, renew RenewFunc, onFail f
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.expiry = time.AfterFunc(time.Until(k.validUntil), k.MarkLost)
+	k.expiry = time.AfterFunc(k.validUntil.Sub(now()), k.MarkLost)
 	k.next = time.AfterFunc(ttl/3, k.renewOnce)
 	return k
 }
@@ -70,7 +76,7 @@ func StartKeepalive(ttl time.Duration, sent time.Time, renew RenewFunc, onFail f
 func (k *Keepalive) Lost() <-chan struct{} {
 	if !k.isLost() {
 		k.mu.Lock()
-		expired := !k.stopped && !time.Now().Before(k.validUntil)
+		expired := !k.stopped && !k.now().Before(k.validUntil)
 		k.mu.Unlock()
 		if expired {
 			k.MarkLost()
@@ -125,7 +131,7 @@ func (k *Keepalive) renewOnce() {
 	k.mu.Unlock()
 	defer k.flight.Done()
 
-	sent := time.Now()
+	sent := k.now()
 	ctx, cancel := context.WithDeadline(k.ctx, deadline)
 	err := k.renew(ctx)
 	cancel()
@@ -137,7 +143,7 @@ func (k *Keepalive) renewOnce() {
 	}
 	if err == nil {
 		k.validUntil = sent.Add(k.ttl - Drift(k.ttl))
-		k.expiry.Reset(time.Until(k.validUntil))
+		k.expiry.Reset(k.validUntil.Sub(k.now()))
 		k.next.Reset(k.ttl / 3)
 		return
 	}
