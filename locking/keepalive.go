@@ -122,7 +122,7 @@ func (k *Keepalive) deadline() time.Time {
 // the expiry timer fires on its own.
 func (k *Keepalive) renewOnce() {
 	k.mu.Lock()
-	if k.stopped {
+	if k.stopped || k.isLost() { // a renewal would extend a lease nobody trusts
 		k.mu.Unlock()
 		return
 	}

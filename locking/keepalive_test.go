@@ -138,3 +138,17 @@ func TestLostReadsTheClock(t *testing.T) {
 		t.Fatal("Lost open after a pause past the lease's validity")
 	}
 }
+
+// A lease lost (here: a release found it gone) is renewed no more: a
+// renewal would extend, on the server, a lease its holder no longer trusts.
+func TestKeepaliveNoRenewalAfterLost(t *testing.T) {
+	const ttl = 30 * time.Millisecond
+	var calls atomic.Int32
+	k := StartKeepalive(ttl, time.Now(), func(context.Context) error { calls.Add(1); return nil }, nil)
+	k.MarkLost()
+	time.Sleep(2 * ttl) // past the first renewal's due time
+	k.Stop()
+	if n := calls.Load(); n != 0 {
+		t.Errorf("%d renewals after the lease was lost", n)
+	}
+}

@@ -62,9 +62,16 @@
 // grants a new session. One session per Locker keeps Acquire at one round
 // trip; a session per lease would add a grant and a revoke to each. So
 // Release stops the lease's own watch, not the session's renewal, which
-// serves the other leases and cannot bring a deleted key back. Close
-// revokes the session; it waits for a grant under way, so that a session
-// granted while it closes is revoked too rather than renewed by nobody.
+// serves the other leases and cannot bring a deleted key back. A lost
+// session is revoked in the background (its keys may live on the server)
+// until done or one TTL has passed, when the server has surely expired it.
+//
+// Close revokes every session not yet known revoked: the current one, one
+// granted while it closes (it waits for a grant under way, so that the
+// session is revoked rather than renewed by nobody), and lost ones whose
+// revoke had not landed. It ends the Locker's requests under way, grants
+// included, and revokes for at most closeTimeout, so it returns promptly
+// even when etcd is unreachable: the leases then expire by their TTL.
 //
 // # Token
 //
@@ -84,7 +91,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,6 +119,9 @@ const (
 	watchDelay = 20 * time.Millisecond
 	// tries bounds every retry loop that does not end with a ctx.
 	tries = 5
+	// closeTimeout bounds Close's revokes: a reachable etcd answers in
+	// milliseconds; an unreachable one lets the leases expire by their TTL.
+	closeTimeout = 2 * time.Second
 )
 
 // Config tunes a Locker. Zero values mean the documented defaults.
@@ -142,11 +154,13 @@ type Locker struct {
 
 	bg *background.Group // watchers and cleanups under way; its context ends with Close
 
-	mu     sync.Mutex
-	sess   *session
-	closed bool
+	mu        sync.Mutex
+	sess      *session              // the current session
+	unrevoked map[*session]struct{} // granted, not known revoked or expired: Close revokes them
+	closed    bool
 
 	afterGrant func() // a test's hook between a grant and its publication
+	watching   func() // a test's hook as a session's watcher starts
 }
 
 // session is one etcd lease, renewed by a locking.Keepalive.
@@ -177,7 +191,7 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Locker, error)
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
-	l := &Locker{cli: cli, cfg: cfg, grant: make(chan struct{}, 1), bg: background.New()}
+	l := &Locker{cli: cli, cfg: cfg, grant: make(chan struct{}, 1), bg: background.New(), unrevoked: map[*session]struct{}{}}
 	if _, err := l.session(ctx); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("etcdlock: %w", err)
@@ -206,10 +220,11 @@ func (l *Locker) keepStream() {
 	}
 }
 
-// Close revokes the session, which deletes every key it holds; held leases
-// are lost. It waits for a grant under way (bounded like every grant), so
-// that a session granted while it closes is revoked too, not left renewed
-// by nobody's keepalive, and for the Locker's goroutines.
+// Close revokes every session not known revoked, which deletes every key
+// they hold; held leases are lost. It waits for a grant under way (ended
+// by Close), so that a session granted while it closes is revoked too,
+// not left renewed by nobody's keepalive, and for the Locker's goroutines,
+// whose requests Close ends. Its revokes take at most closeTimeout.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -217,28 +232,50 @@ func (l *Locker) Close() error {
 		return nil
 	}
 	l.closed = true
-	l.bg.Close() // lease watchers mark their leases lost and end
+	l.bg.Close() // ends requests under way; lease watchers mark their leases lost
 	l.mu.Unlock()
 
 	l.grant <- struct{}{} // a grant under way publishes its session first
 	l.mu.Lock()
-	sess := l.sess
+	sessions := slices.Collect(maps.Keys(l.unrevoked))
 	l.mu.Unlock()
 	<-l.grant // later grants see closed
 
-	var err error
-	if sess != nil {
-		sess.ka.Stop()
-		sess.ka.MarkLost()
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	errs := make([]error, len(sessions))
+	var wg sync.WaitGroup
+	for i, s := range sessions {
+		s.ka.Stop()
+		s.ka.MarkLost()
 		// Even a session lost to us may live on the server until its TTL.
-		ctx, cancel := context.WithTimeout(context.Background(), sess.ttl)
-		if _, rerr := l.cli.Revoke(ctx, sess.id); rerr != nil && !errors.Is(rerr, rpctypes.ErrLeaseNotFound) {
-			err = fmt.Errorf("etcdlock: close: revoke: %w", rerr)
-		}
-		cancel()
+		wg.Go(func() {
+			if err := l.revoke(ctx, s); err != nil {
+				errs[i] = fmt.Errorf("etcdlock: close: revoke: %w", err)
+			}
+		})
 	}
+	wg.Wait()
 	l.bg.Wait()
-	return err
+	return errors.Join(errs...)
+}
+
+// revoke revokes s's lease, deleting its keys; nil also when the server
+// no longer has it. Once revoked, Close need not revoke it again.
+func (l *Locker) revoke(ctx context.Context, s *session) error {
+	_, err := l.cli.Revoke(ctx, s.id)
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return err
+	}
+	l.forget(s)
+	return nil
+}
+
+// forget drops s from the sessions Close revokes.
+func (l *Locker) forget(s *session) {
+	l.mu.Lock()
+	delete(l.unrevoked, s)
+	l.mu.Unlock()
 }
 
 // session returns the live session, granting a new one if the last was lost.
@@ -261,13 +298,19 @@ func (l *Locker) session(ctx context.Context) (*session, error) {
 
 	secs := max(int64((l.cfg.TTL+time.Second-1)/time.Second), 1)
 	// The client retries an unreachable server until ctx ends: bound it.
+	// Close ends it too: a lease granted but never heard of has no keys,
+	// and nothing renews it.
 	gctx, cancel := context.WithTimeout(ctx, max(l.cfg.TTL, 5*time.Second))
 	defer cancel()
+	defer context.AfterFunc(l.bg.Context(), cancel)()
 	sent := time.Now()
 	resp, err := l.cli.Grant(gctx, secs)
 	if err != nil {
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			return nil, ctx.Err()
+		case l.bg.Closed():
+			return nil, errClosed
 		}
 		return nil, fmt.Errorf("%w: grant lease: %w", locking.ErrUnavailable, err)
 	}
@@ -288,30 +331,51 @@ func (l *Locker) session(ctx context.Context) (*session, error) {
 		l.afterGrant()
 	}
 	// Published even when Close came meanwhile: Close waits for this grant
-	// and revokes what it finds in l.sess.
+	// and revokes what it finds in l.unrevoked.
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.sess = s
+	l.unrevoked[s] = struct{}{}
 	if l.closed {
 		return nil, errClosed
 	}
-	l.bg.Go(func() { l.watchSession(s) }) // not closed: cannot refuse
+	watching := l.watching
+	l.bg.Go(func() { // not closed: cannot refuse
+		if watching != nil {
+			watching()
+		}
+		l.watchSession(s)
+	})
 	return s, nil
 }
 
 // watchSession ends s once its keepalive says it is lost, and revokes the
-// lease in case the server still has it, so its keys go now, not in a TTL.
+// lease in case the server still has it, so its keys go now, not in a TTL:
+// retried until done, Close (which then revokes it), or one TTL after the
+// loss, when the server has surely expired it (no renewal is sent after the
+// loss, and one in flight ended with the lease's validity).
 func (l *Locker) watchSession(s *session) {
 	select {
 	case <-s.ka.Lost():
-		s.cancel() // first: the leases' Lost must not wait for the revoke
 	case <-l.bg.Done():
-		s.cancel()
-		return // Close revokes
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
-	defer cancel()
-	l.cli.Revoke(ctx, s.id)
+	s.cancel() // first: the leases' Lost must not wait for the revoke
+	if l.bg.Closed() {
+		return // Close revokes it
+	}
+	expired := time.Now().Add(s.ttl)
+	l.bg.Remove(func() bool {
+		ctx, cancel := context.WithDeadline(l.bg.Context(), expired)
+		defer cancel()
+		if l.revoke(ctx, s) == nil {
+			return true
+		}
+		if time.Now().After(expired) {
+			l.forget(s)
+			return true
+		}
+		return false
+	})
 }
 
 // Acquire queues for key and waits for its turn, ctx, or a failure.
@@ -560,8 +624,8 @@ func (s *lease) startWatch(seen int64) {
 // remove deletes our key in the background (fenced by its create revision
 // when known; the name is ours alone either way), until it is gone, the
 // session is (the lease expires or is revoked, and our key with it), or the
-// Locker closes. Each try has a fresh bounded context that keeps only ctx's
-// values.
+// Locker closes. Each try has a fresh context that keeps only ctx's
+// values, bounded by the session's TTL and ended by Close.
 func (l *Locker) remove(ctx context.Context, sess *session, me string, rev int64) {
 	cmp := clientv3.Compare(clientv3.CreateRevision(me), "=", rev)
 	if rev == 0 {
@@ -573,6 +637,7 @@ func (l *Locker) remove(ctx context.Context, sess *session, me string, rev int64
 		}
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sess.ttl)
 		defer cancel()
+		defer context.AfterFunc(l.bg.Context(), cancel)() // Close does not wait for it
 		_, err := l.cli.Txn(tctx).If(cmp).Then(clientv3.OpDelete(me)).Commit()
 		return err == nil
 	})

@@ -439,7 +439,7 @@ func TestCompactionBoundsDatabase(t *testing.T) {
 
 // A session granted while Close runs must be revoked by it, not left on the
 // server renewed by a keepalive nobody stops. The hook holds a grant open
-// until Close has begun.
+// until Close has begun (marked the Locker closed).
 func TestCloseRevokesSessionGrantedMeanwhile(t *testing.T) {
 	srv := locktest.PrivateServer(t, testbed.StartEtcd)
 	endpoints := []string{srv.Addr}
@@ -473,7 +473,9 @@ func TestCloseRevokesSessionGrantedMeanwhile(t *testing.T) {
 	closed := make(chan error, 1)
 	etcdlock.AfterGrant(l, func() {
 		go func() { closed <- l.Close() }()
-		time.Sleep(200 * time.Millisecond) // Close is under way meanwhile
+		for !etcdlock.Closing(l) {
+			time.Sleep(time.Millisecond)
+		}
 	})
 	if lease, err := l.Acquire(t.Context(), "sku/close"); err == nil {
 		lease.Release(t.Context())
@@ -493,5 +495,107 @@ func TestCloseRevokesSessionGrantedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	} else if len(leases.Leases) != 0 {
 		t.Errorf("%d leases left on the server after Close", len(leases.Leases))
+	}
+}
+
+// A session lost as Close runs, after a new one was granted, still has
+// its keys on the server until its TTL: Close must revoke it too. The hook
+// holds each session's watcher until Close has begun, as a watcher not yet
+// scheduled when its session was lost would be; it then finds both the
+// loss and Close at hand. Repeated, since the watcher's choice between
+// them may be random.
+func TestCloseRevokesSessionLostMeanwhile(t *testing.T) {
+	endpoints := testbed.Etcd(t)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	for round := range 8 {
+		pfx := fmt.Sprintf("%s/%d", testbed.Prefix(t), round)
+		// A TTL far beyond the test: only a revoke deletes the keys.
+		l, err := etcdlock.New(t.Context(), cli, etcdlock.Config{TTL: time.Minute, Prefix: pfx})
+		if err != nil {
+			t.Fatal(err)
+		}
+		etcdlock.WatchingSession(l, func() {
+			for !etcdlock.Closing(l) {
+				time.Sleep(time.Millisecond)
+			}
+		})
+		etcdlock.LoseSession(l) // the first session, unhooked: revoked by its watcher
+		if _, err := l.Acquire(t.Context(), "old"); err != nil {
+			t.Fatal(err)
+		}
+		etcdlock.LoseSession(l) // the session holding "old": its watcher waits for Close
+		if _, err := l.Acquire(t.Context(), "new"); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		resp, err := cli.Get(t.Context(), pfx+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range resp.Kvs {
+			t.Errorf("round %d: %s left on the server after Close", round, kv.Key)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// Close ends the Locker's requests under way, even when etcd does not
+// answer: it returns within its revoke bound, well before the TTL. Here
+// a Release that could not reach etcd left its delete to the background,
+// whose try would otherwise wait up to the TTL.
+func TestClosePromptWhenEtcdUnreachable(t *testing.T) {
+	endpoints := testbed.Etcd(t)
+	proxy, err := testbed.StartProxy("etcd", endpoints[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	const long = 30 * time.Second
+	l, err := etcdlock.New(t.Context(), cli, etcdlock.Config{TTL: long, Prefix: testbed.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	lease, err := l.Acquire(t.Context(), "sku")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Requests are swallowed, nothing is answered.
+	if err := proxy.Cut(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if err := lease.Release(ctx); !errors.Is(err, locking.ErrUnavailable) {
+		t.Fatalf("release through a black hole = %v, want ErrUnavailable", err)
+	}
+	began := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	select {
+	case err := <-closed:
+		took := time.Since(began)
+		t.Logf("Close returned %v after it began, etcd unreachable (TTL %v): %v", took.Round(time.Millisecond), long, err)
+		if err == nil {
+			t.Error("Close revoked through a black hole without error")
+		}
+		if bound := etcdlock.CloseTimeout + time.Second; took > bound {
+			t.Errorf("Close took %v, more than its bound %v", took, bound)
+		}
+	case <-time.After(long):
+		t.Fatalf("Close still running after the TTL %v", long)
 	}
 }

@@ -2,3 +2,25 @@ package etcdlock
 
 // AfterGrant makes l call f between granting a session and publishing it.
 func AfterGrant(l *Locker, f func()) { l.afterGrant = f }
+
+// WatchingSession makes l call f as the watcher of each session granted
+// from now on starts.
+func WatchingSession(l *Locker, f func()) { l.watching = f }
+
+// Closing reports whether Close has begun.
+func Closing(l *Locker) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+// LoseSession marks l's current session lost, as a renewal that failed
+// past its validity would; the server keeps it until its TTL.
+func LoseSession(l *Locker) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sess.ka.MarkLost()
+}
+
+// CloseTimeout bounds Close's revokes.
+const CloseTimeout = closeTimeout
