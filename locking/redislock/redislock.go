@@ -207,7 +207,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			return l.grant(ctx, key, n, owner, token, sent)
 		}
 		woken := (<-chan struct{})(w.Wake)
-		if !w.Subscribed() {
+		if w.Listening() == 0 {
 			// Subscribe, and try again once the server confirms: a release
 			// between the first try and the subscription is not lost.
 			woken = w.Subscribe()[0]
@@ -236,7 +236,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 // holder's remaining TTL, or the first waiter's liveness (negative if
 // unknown).
 func (l *Locker) try(ctx context.Context, n waitq.Names, owner, member string) (token uint64, wait time.Duration, err error) {
-	res, err := scripts.Acquire.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, l.ttl, member, l.life, "", n.Wake).Slice()
+	res, err := scripts.Acquire.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, l.ttl, member, l.life, "", n.Wake, "").Slice()
 	if err != nil {
 		return 0, 0, err
 	}

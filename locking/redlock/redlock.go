@@ -14,6 +14,15 @@
 // counts only when a majority confirms it before the current validity runs
 // out. Release deletes the key by owner check on every node.
 //
+// Every request returns as soon as the answers in settle it (a majority
+// said yes, or too many refused for one to); the nodes yet to answer are
+// not waited for, and their requests end in the background at their
+// timeout (or at Close). A black-holed minority thus costs an Acquire or a
+// Release nothing. A request that undoes or ends an attempt on a node goes
+// there only after the attempt's own request there has ended: sent on
+// another connection, it could otherwise overtake it and leave the key (or
+// the waiter's place) behind for a TTL.
+//
 // Waiting is by notification, with the redis backend's fair queue
 // (locking/internal/waitq) on every node: a refused try also queues the
 // waiter there, at a place the waiter chose once (the time it began, the
@@ -79,6 +88,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -153,6 +163,10 @@ type Locker struct {
 	leases  map[*lease]struct{} // live leases, ended by Close
 	closed  bool
 	closing chan struct{}
+	// Requests still under way after their caller returned (see ask) end
+	// at their timeout, or once stop is cancelled by Close.
+	stop   context.Context
+	cancel context.CancelFunc
 }
 
 type node struct {
@@ -179,6 +193,7 @@ func New(clients []redis.UniversalClient, cfg Config) (*Locker, error) {
 		leases:  make(map[*lease]struct{}),
 		closing: make(chan struct{}),
 	}
+	l.stop, l.cancel = context.WithCancel(context.Background())
 	for _, c := range clients {
 		l.nodes = append(l.nodes, node{client: c, notifier: waitq.NewNotifier(c)})
 	}
@@ -188,9 +203,10 @@ func New(clients []redis.UniversalClient, cfg Config) (*Locker, error) {
 // Ping checks that a majority of the nodes answer: Redlock works with a
 // minority down.
 func (l *Locker) Ping(ctx context.Context) error {
-	t := count(l.ask(ctx, l.cfg.TTL, nil, func(ctx context.Context, c redis.UniversalClient) vote {
+	votes, _ := l.ask(request{ctx: ctx, base: ctx, timeout: l.cfg.TTL, decided: l.confirmed, do: func(ctx context.Context, c redis.UniversalClient) vote {
 		return vote{yes: true, err: c.Ping(ctx).Err()}
-	}))
+	}})
+	t := count(votes)
 	if t.yes < l.quorum {
 		return fmt.Errorf("ping: %d of %d nodes answer, want %d: %w", t.yes, len(l.nodes), l.quorum, t.errs)
 	}
@@ -205,28 +221,148 @@ type vote struct {
 	err    error
 }
 
-// ask sends one request to every node (or every node i with only(i)) at
-// once, each bounded by timeout, and returns the answers in node order.
-func (l *Locker) ask(ctx context.Context, timeout time.Duration, only func(i int) bool, do func(context.Context, redis.UniversalClient) vote) []vote {
-	votes := make([]vote, len(l.nodes))
-	var wg sync.WaitGroup
+// request is one request to every node (or every node i with only(i)).
+type request struct {
+	ctx  context.Context // the caller's: ask returns when it ends
+	base context.Context // the requests', each bounded by timeout and Close
+	// timeout bounds each node's request, counted from the call to ask.
+	timeout time.Duration
+	only    func(i int) bool // nil: every node
+	// after, if set, holds per node a channel closed once an earlier
+	// request there has ended: this one is sent after it, so that a
+	// release cannot overtake the acquire it undoes (they travel on
+	// different connections).
+	after []<-chan struct{}
+	// decided tells from the answers in so far whether the outcome is
+	// settled (nil: wait for every answer).
+	decided func(tally) bool
+	// hurry: once a majority has answered without settling the outcome,
+	// wait for the rest only as long again as that majority took: an
+	// acquire attempt, which can be tried again, does not wait for a node
+	// much slower than the others.
+	hurry bool
+	do    func(context.Context, redis.UniversalClient) vote
+}
+
+// ask sends r to the nodes at once and returns their answers in node order
+// as soon as r.decided settles the outcome, every node asked has answered,
+// r.ctx ends, or the hurry grace is over. A node yet to answer then reads
+// errNoAnswer, and its request goes on in the background until it ends
+// (at r.timeout at the latest): a black-holed minority costs a majority's
+// answer nothing. done holds per node a channel closed once its request
+// has ended (at once for a node not asked).
+func (l *Locker) ask(r request) (votes []vote, done []<-chan struct{}) {
+	type answer struct {
+		i int
+		v vote
+	}
+	if waitAll.Load() {
+		r.decided, r.hurry = nil, false
+	}
+	votes = make([]vote, len(l.nodes))
+	done = make([]<-chan struct{}, len(l.nodes))
+	answers := make(chan answer, len(l.nodes))
+	asked := 0
 	for i, nd := range l.nodes {
-		if only != nil && !only(i) {
+		if r.only != nil && !r.only(i) {
+			done[i] = closed
 			continue
 		}
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, timeout)
+		asked++
+		votes[i] = vote{err: fmt.Errorf("node %d: %w", i, errNoAnswer)}
+		ended := make(chan struct{})
+		done[i] = ended
+		ctx, cancel := context.WithTimeout(r.base, r.timeout)
+		stop := context.AfterFunc(l.stop, cancel)
+		go func() {
+			defer close(ended)
 			defer cancel()
-			votes[i] = do(ctx, nd.client)
-		})
+			defer stop()
+			if r.after != nil && r.after[i] != nil {
+				select {
+				case <-r.after[i]:
+				case <-ctx.Done():
+				}
+			}
+			v := vote{err: ctx.Err()}
+			if v.err == nil {
+				v = r.do(ctx, nd.client)
+			}
+			answers <- answer{i, v} // buffered: never blocks
+		}()
 	}
-	wg.Wait()
-	return votes
+	start, answered := time.Now(), 0
+	var grace <-chan time.Time
+	for answered < asked && (r.decided == nil || !r.decided(count(votes))) {
+		select {
+		case a := <-answers:
+			votes[a.i] = a.v
+			if answered++; r.hurry && answered == l.quorum && answered < asked {
+				grace = time.After(max(time.Since(start), time.Millisecond))
+			}
+		case <-grace:
+			return votes, done
+		case <-r.ctx.Done():
+			return votes, done
+		}
+	}
+	return votes, done
+}
+
+// closed is a closed channel: a request with nothing to wait for.
+var closed = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// both returns a channel closed once a and b are (nil counts as closed).
+func both(a, b <-chan struct{}) <-chan struct{} {
+	switch {
+	case a == nil || isDone(a):
+		return b
+	case b == nil || isDone(b):
+		return a
+	}
+	c := make(chan struct{})
+	go func() {
+		<-a
+		<-b
+		close(c)
+	}()
+	return c
+}
+
+func isDone(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitAll, set only by tests, makes every request wait for every node: the
+// broken variant the quorum tests must catch.
+var waitAll atomic.Bool
+
+// errNoAnswer marks a node whose answer was not waited for.
+var errNoAnswer = errors.New("no answer yet")
+
+// confirmed: a majority said yes, or too many said no for one to.
+func (l *Locker) confirmed(t tally) bool {
+	return t.yes >= l.quorum || t.no > len(l.nodes)-l.quorum
+}
+
+// decides: a majority said yes, or too many refused or failed for one to.
+func (l *Locker) decides(t tally) bool {
+	return t.yes >= l.quorum || t.no+t.failed > len(l.nodes)-l.quorum
 }
 
 // tally counts the answers to one request.
 type tally struct {
 	yes, no, failed, down int
+	pending               int             // not waited for (see ask)
 	holders               map[string]int  // refusals per holder
 	pttls                 []time.Duration // of the refusals with a TTL
 	errs                  nodeErrors
@@ -249,6 +385,9 @@ func count(votes []vote) tally {
 	t := tally{holders: make(map[string]int)}
 	for _, v := range votes {
 		switch {
+		case errors.Is(v.err, errNoAnswer):
+			t.pending++
+			t.errs = append(t.errs, v.err)
 		case v.err != nil:
 			t.failed++
 			t.errs = append(t.errs, v.err)
@@ -300,39 +439,50 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		return nil, errors.New("acquire: empty key")
 	}
 	n := waitq.NamesOf(l.cfg.Prefix, key)
-	owner := waitq.NewOwner()
-	member := waitq.Member(l.id, owner) // our place in the queues
+	member := waitq.Member(l.id, waitq.NewOwner()) // our place in the queues
+	// A new owner value per attempt: the undo of an attempt, which goes
+	// on in the background, cannot delete a later attempt's key.
+	var owner string
 	// The same place on every node, so that the nodes order their waiters
-	// alike: a waiter first on one node is first on all that have it.
+	// alike: a waiter first on one node is first on all that have it. A
+	// node that grants keeps the place too ("keep"): a grant there is not
+	// yet a majority, and the waiter must stay first there if the attempt
+	// fails; Release (or the end of the wait) takes the place out.
 	place := strconv.FormatInt(time.Now().UnixMicro(), 10)
-	w := &waiter{l: l, Waiter: waitq.NewWaiter(l.notifiers(), n.Wake+l.id, member), timer: time.NewTimer(time.Hour)}
+	w := &waiter{l: l, Waiter: waitq.NewWaiter(l.notifiers(), n.Wake+l.id, member), timer: time.NewTimer(time.Hour), sent: make([]<-chan struct{}, len(l.nodes))}
 	defer w.stop()
 	granted := false
 	defer func() {
 		if !granted && w.queued {
-			l.leave(ctx, n, owner, member)
+			l.leave(ctx, n, owner, member, w.sent)
 		}
 	}()
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("acquire %q: %w", key, err)
 		}
+		owner = waitq.NewOwner()
+		mine := owner // read by requests that outlive the attempt
 		sent := time.Now()
-		votes := l.ask(ctx, l.cfg.NodeTimeout, nil, func(ctx context.Context, c redis.UniversalClient) vote {
-			return acquireVote(scripts.Acquire.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, owner, l.ttl, member, l.life, place, n.Wake).Slice())
-		})
+		votes, done := l.ask(request{ctx: ctx, base: ctx, timeout: l.cfg.NodeTimeout, decided: l.decides, hurry: true, do: func(ctx context.Context, c redis.UniversalClient) vote {
+			return acquireVote(scripts.Acquire.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, mine, l.ttl, member, l.life, place, n.Wake, "keep").Slice())
+		}})
+		for i := range w.sent {
+			w.sent[i] = both(w.sent[i], done[i])
+		}
 		elapsed := time.Since(sent)
 		t := count(votes)
 		if t.yes >= l.quorum && elapsed < l.cfg.TTL-locking.Drift(l.cfg.TTL) {
 			w.Drain()
 			granted = true
-			return l.grant(ctx, key, n, owner, member, sent)
+			return l.grant(ctx, key, n, owner, member, sent, w.sent)
 		}
 		w.queued = true // by the nodes that refused
-		if t.yes > 0 || t.failed > 0 {
+		if t.yes > 0 || t.failed > 0 || t.pending > 0 {
 			// Our key may be on some nodes (a minority, or a majority
-			// too late, or a lost reply): remove it from them.
-			l.undo(ctx, n, owner, votes)
+			// too late, or a reply lost or not waited for): remove it
+			// from them.
+			l.undo(ctx, n, owner, votes, done)
 		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("acquire %q: %w", key, ctx.Err())
@@ -354,6 +504,11 @@ type waiter struct {
 	l      *Locker
 	queued bool // a try was refused: the waiter is in some queues
 	timer  *time.Timer
+	// sent holds per node a channel closed once every acquire request
+	// sent there has ended: the requests that end the wait or the lease
+	// there go after them, so that a late acquire cannot put the key or
+	// the place back once they are gone.
+	sent []<-chan struct{}
 	// splits counts the split votes in a row; unreachable the attempts in
 	// a row that no majority of nodes answered. A refused connection is
 	// known at once, but a dead node may also look merely slow (the
@@ -400,16 +555,13 @@ func (w *waiter) next(ctx context.Context, attempt int, t tally, elapsed time.Du
 		w.splits = 0
 	}
 	w.timer.Reset(waitq.Backoff(l.cfg.MinBackoff, l.cfg.MaxBackoff, attempt, t.freeIn(l.quorum)))
-	if !w.Subscribed() {
-		// Subscribe on every node, and try again once they confirm (or
-		// the delay ends): a release between the first try and the
-		// subscriptions is not lost.
-		for _, ready := range w.Subscribe() {
-			if ok, err := w.wait(ctx, ready); !ok {
-				return err // or the timer fired
-			}
-		}
-		return nil
+	if w.Listening() < len(l.nodes) {
+		// Subscribe on every node, and try again once a majority
+		// confirms (or the delay ends): a release between the first try
+		// and the subscriptions is not lost. Not all: a node down or
+		// black-holed never confirms.
+		_, err := w.confirmed(ctx, w.Subscribe(), l.quorum)
+		return err // or the timer fired
 	}
 	if ok, err := w.wait(ctx, w.Wake); !ok {
 		return err
@@ -432,6 +584,32 @@ func (w *waiter) next(ctx context.Context, attempt int, t tally, elapsed time.Du
 	w.timer.Stop()
 	w.Drain()
 	return nil
+}
+
+// confirmed waits until k of the ready channels are closed (ok), the timer
+// fires, or ctx or the Locker ends (an error).
+func (w *waiter) confirmed(ctx context.Context, ready []<-chan struct{}, k int) (ok bool, err error) {
+	cases := []reflect.SelectCase{
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.timer.C)},
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.l.closing)},
+	}
+	for _, r := range ready {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(r)})
+	}
+	for ; k > 0; k-- {
+		switch i, _, _ := reflect.Select(cases); i {
+		case 0:
+			return false, nil
+		case 1:
+			return false, ctx.Err()
+		case 2:
+			return false, ErrClosed
+		default:
+			cases[i].Chan = reflect.Value{} // closed: Select ignores it now
+		}
+	}
+	return true, nil
 }
 
 // wait waits for c (ok), the timer, or the end of ctx or of the Locker (an
@@ -469,43 +647,49 @@ func acquireVote(res []any, err error) vote {
 }
 
 // undo deletes owner's key from the nodes that did not refuse an attempt
-// (votes; nil = all), at once and with a fresh context. Each node gets the
-// per-node timeout: a node that fails to answer keeps the key for one TTL,
-// and a dead node must not hold up the caller for longer. It wakes nobody:
-// after a split vote the contenders retry by themselves, and a lock held
-// elsewhere is not free.
-func (l *Locker) undo(ctx context.Context, n waitq.Names, owner string, votes []vote) {
-	ctx = context.WithoutCancel(ctx)
-	l.release(ctx, l.cfg.NodeTimeout, n, owner, "", false, func(i int) bool { return votes == nil || votes[i].yes || votes[i].err != nil })
+// (votes), each after the attempt's own request there (done), in the
+// background, on a fresh context, each node bounded by the per-node
+// timeout: a node that is not reached keeps the key for one TTL. It wakes
+// nobody: after a split vote the contenders retry by themselves, and a lock
+// held elsewhere is not free.
+func (l *Locker) undo(ctx context.Context, n waitq.Names, owner string, votes []vote, done []<-chan struct{}) {
+	l.release(ctx, context.WithoutCancel(ctx), l.cfg.NodeTimeout, done, n, owner, "", false, always,
+		func(i int) bool { return votes[i].yes || votes[i].err != nil })
 }
 
-// leave ends a wait that did not get the lock: it deletes owner's key where
-// it is still owner's and takes member out of every queue, with a fresh
-// context, and wakes the next waiter where the lock is free (the wake-up of
-// the last release may have come to us). What it cannot reach expires.
-func (l *Locker) leave(ctx context.Context, n waitq.Names, owner, member string) {
-	ctx = context.WithoutCancel(ctx)
-	l.release(ctx, l.cfg.NodeTimeout, n, owner, member, true, nil)
+// leave ends a wait that did not get the lock: in the background, on a
+// fresh context, after the wait's acquire requests (sent), it deletes
+// owner's key where it is still owner's, takes member out of every queue,
+// and wakes the next waiter where the lock is free (the wake-up of the last
+// release may have come to us). What it cannot reach expires.
+func (l *Locker) leave(ctx context.Context, n waitq.Names, owner, member string, sent []<-chan struct{}) {
+	l.release(ctx, context.WithoutCancel(ctx), l.cfg.NodeTimeout, sent, n, owner, member, true, always, nil)
 }
+
+// always decides at once: the requests go on in the background.
+func always(tally) bool { return true }
 
 // release deletes owner's key from the nodes (all, or those with only(i))
 // where it is still owner's, drops member (if any) from their queues, and
-// if wake, wakes the first waiter of each node where the lock is free.
-func (l *Locker) release(ctx context.Context, timeout time.Duration, n waitq.Names, owner, member string, wake bool, only func(int) bool) tally {
+// if wake, wakes the first waiter of each node where the lock is free. It
+// returns once decided (see ask), the requests running on base, each node's
+// after its request in after.
+func (l *Locker) release(ctx, base context.Context, timeout time.Duration, after []<-chan struct{}, n waitq.Names, owner, member string, wake bool, decided func(tally) bool, only func(int) bool) tally {
 	w := "0"
 	if wake {
 		w = "1"
 	}
-	return count(l.ask(ctx, timeout, only, func(ctx context.Context, c redis.UniversalClient) vote {
+	votes, _ := l.ask(request{ctx: ctx, base: base, timeout: timeout, only: only, after: after, decided: decided, do: func(ctx context.Context, c redis.UniversalClient) vote {
 		ok, err := scripts.Release.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, owner, n.Wake, member, w).Bool()
 		return vote{yes: ok, err: err}
-	}))
+	}})
+	return count(votes)
 }
 
 // grant wraps a granted lock in a lease and starts its watchdog, whose
 // validity runs from sent, when the acquire requests were sent.
-func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner, member string, sent time.Time) (locking.Lease, error) {
-	s := &lease{l: l, key: key, names: n, owner: owner, member: member}
+func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner, member string, sent time.Time, acquires []<-chan struct{}) (locking.Lease, error) {
+	s := &lease{l: l, key: key, names: n, owner: owner, member: member, acquires: acquires}
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
 		onFail = func(err error) { f(key, err) }
@@ -513,7 +697,7 @@ func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner, me
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		l.leave(ctx, n, owner, member)
+		l.leave(ctx, n, owner, member, acquires)
 		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
 	}
 	s.ka = locking.StartKeepalive(l.cfg.TTL, sent, s.renew, onFail)
@@ -540,6 +724,7 @@ func (l *Locker) Close() error {
 		s.ka.Stop()
 		s.ka.MarkLost()
 	}
+	l.cancel() // the requests still under way
 	var errs []error
 	for _, nd := range l.nodes {
 		errs = append(errs, nd.notifier.Close())
@@ -561,7 +746,8 @@ type lease struct {
 	key      string
 	names    waitq.Names
 	owner    string
-	member   string // its waiter's queue entry, left on nodes that refused it
+	member   string            // its waiter's queue entry, kept by every node (see Acquire)
+	acquires []<-chan struct{} // per node, closed once its acquire requests ended
 	ka       *locking.Keepalive
 	released atomic.Bool
 }
@@ -575,10 +761,11 @@ func (s *lease) Lost() <-chan struct{} { return s.ka.Lost() }
 // bounds by the current validity.
 func (s *lease) renew(ctx context.Context) error {
 	l := s.l
-	t := count(l.ask(ctx, l.cfg.NodeTimeout, nil, func(ctx context.Context, c redis.UniversalClient) vote {
+	votes, _ := l.ask(request{ctx: ctx, base: ctx, timeout: l.cfg.NodeTimeout, decided: l.confirmed, do: func(ctx context.Context, c redis.UniversalClient) vote {
 		ok, err := scripts.Renew.Run(ctx, c, []string{s.names.Lock}, s.owner, l.ttl).Bool()
 		return vote{yes: ok, err: err}
-	}))
+	}})
+	t := count(votes)
 	switch {
 	case t.yes >= l.quorum:
 		return nil
@@ -589,8 +776,11 @@ func (s *lease) renew(ctx context.Context) error {
 }
 
 // Release stops the watchdog, then deletes the key on every node where it
-// is still the lease's. Waiting longer than the TTL is pointless, so ctx is
-// cut to it; nodes that are not reached keep the key until it expires.
+// is still the lease's. It returns once a majority has answered (a slow or
+// black-holed minority is not waited for): the deletes go on in the
+// background on a fresh context, each bounded by the TTL, after which the
+// key is gone anyway. Waiting longer than the TTL is pointless, so ctx is
+// cut to it too; nodes that are not reached keep the key until it expires.
 func (s *lease) Release(ctx context.Context) error {
 	if !s.released.CompareAndSwap(false, true) {
 		return fmt.Errorf("release %q: %w", s.key, locking.ErrNotHeld)
@@ -599,7 +789,7 @@ func (s *lease) Release(ctx context.Context) error {
 	s.l.forget(s)
 	ctx, cancel := context.WithTimeout(ctx, s.l.cfg.TTL)
 	defer cancel()
-	t := s.l.release(ctx, s.l.cfg.TTL, s.names, s.owner, s.member, true, nil)
+	t := s.l.release(ctx, context.WithoutCancel(ctx), s.l.cfg.TTL, s.acquires, s.names, s.owner, s.member, true, s.l.confirmed, nil)
 	switch {
 	case t.yes >= s.l.quorum:
 		return nil

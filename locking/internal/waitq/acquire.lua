@@ -6,7 +6,9 @@
 -- ARGV[1] owner, ARGV[2] ttl in ms, ARGV[3] waiter member, ARGV[4] how long
 -- the waiter stays live without a new try, in ms, ARGV[5] its place if the
 -- caller chooses it (Redlock: the same on every node), '' for the server's
--- time, ARGV[6] wake channel prefix (a member's Locker id completes it).
+-- time, ARGV[6] wake channel prefix (a member's Locker id completes it),
+-- ARGV[7] 'keep' to keep the place when granted here (Redlock: a grant on
+-- one node is not yet a grant; the release takes the place out), else ''.
 -- Returns {1, token (0 without a counter)} when granted, else
 -- {0, ms to wait at most, holder's owner or ''}: the holder's remaining TTL,
 -- or, when the lock is free but a live waiter is first, the time until that
@@ -20,7 +22,7 @@ local ms, t = now()
 local dead = purge(ms)
 local head = redis.call('zrange', KEYS[2], 0, 0)[1]
 if (head == nil or head == ARGV[3]) and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-	if head then
+	if head and ARGV[7] ~= 'keep' then
 		redis.call('zrem', KEYS[2], head)
 		redis.call('zrem', KEYS[3], head)
 	end

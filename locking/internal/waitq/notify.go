@@ -19,6 +19,9 @@ const (
 	healthCheck = 3 * time.Second
 	// commandTimeout bounds one SUBSCRIBE or UNSUBSCRIBE write.
 	commandTimeout = time.Second
+	// closeWait bounds how long Close waits for the connection's
+	// goroutines.
+	closeWait = 100 * time.Millisecond
 	// linger keeps a channel subscribed for a while after its last watcher
 	// left: on a hot key the next wait comes soon, and finds the
 	// subscription ready instead of paying SUBSCRIBE and UNSUBSCRIBE again.
@@ -234,6 +237,9 @@ func (n *Notifier) write() {
 		n.outbox = nil
 		n.mu.Unlock()
 		for _, c := range batch {
+			if isClosed(n.quit) {
+				return // Close waits for us: one command at most
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 			_ = c.do(ctx, c.channels...)
 			cancel()
@@ -242,7 +248,8 @@ func (n *Notifier) write() {
 }
 
 // Close ends every watch (their Ready channels close and their watchers are
-// woken) and the connection.
+// woken) and the connection, waiting for the connection's goroutines at
+// most closeWait.
 func (n *Notifier) Close() error {
 	n.mu.Lock()
 	if n.closed {
@@ -263,10 +270,22 @@ func (n *Notifier) Close() error {
 	if ps == nil {
 		return nil
 	}
-	err := ps.Close()
-	<-done
-	<-wrote
-	return err
+	// A dial to a server that does not answer (black-holed) holds the
+	// connection until go-redis gives up on it, seconds later: Close waits
+	// for that only a while, and the goroutines end by themselves then.
+	ended := make(chan error, 1)
+	go func() {
+		err := ps.Close()
+		<-done
+		<-wrote
+		ended <- err
+	}()
+	select {
+	case err := <-ended:
+		return err
+	case <-time.After(closeWait):
+		return nil
+	}
 }
 
 // receive reads the connection until Close, starting over on a new

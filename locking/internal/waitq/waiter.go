@@ -9,38 +9,42 @@ type Waiter struct {
 	// Wake is signalled by wake-ups from any server, one signal per
 	// server: its buffer has room for one from each.
 	Wake    chan struct{}
-	watches []*Watch
+	watches []*Watch // per server; nil where not watched yet
 }
 
-// NewWaiter returns the waiter member of channel. If every server has the
-// channel subscribed already (the key is hot), it joins those subscriptions
-// at once, before its first try, which then cannot miss a release.
+// NewWaiter returns the waiter member of channel. Where a server has the
+// channel subscribed already (the key is hot), it joins that subscription
+// at once, before its first try, which then cannot miss a release there.
 func NewWaiter(notifiers []*Notifier, channel, member string) *Waiter {
-	w := &Waiter{notifiers: notifiers, channel: channel, member: member, Wake: make(chan struct{}, len(notifiers))}
-	for _, n := range notifiers {
-		watch := n.JoinAs(channel, member, w.Wake)
-		if watch == nil {
-			w.Stop()
-			w.watches = nil
-			break
-		}
-		w.watches = append(w.watches, watch)
+	w := &Waiter{notifiers: notifiers, channel: channel, member: member, Wake: make(chan struct{}, len(notifiers)), watches: make([]*Watch, len(notifiers))}
+	for i, n := range notifiers {
+		w.watches[i] = n.JoinAs(channel, member, w.Wake)
 	}
 	return w
 }
 
-// Subscribed reports whether the waiter listens on every server.
-func (w *Waiter) Subscribed() bool { return w.watches != nil }
+// Listening counts the servers whose subscription the waiter joined.
+func (w *Waiter) Listening() int {
+	n := 0
+	for _, watch := range w.watches {
+		if watch != nil {
+			n++
+		}
+	}
+	return n
+}
 
-// Subscribe subscribes on every server and returns the channels that close
-// once each server has confirmed it: a try made after that sees every
-// release it is not told of.
+// Subscribe subscribes on every server not joined yet and returns, per
+// server, a channel that closes once the server has confirmed the
+// subscription: a try made after that sees every release there it is not
+// told of.
 func (w *Waiter) Subscribe() []<-chan struct{} {
-	var ready []<-chan struct{}
-	for _, n := range w.notifiers {
-		watch := n.WatchAs(w.channel, w.member, w.Wake)
-		w.watches = append(w.watches, watch)
-		ready = append(ready, watch.Ready())
+	ready := make([]<-chan struct{}, len(w.notifiers))
+	for i, n := range w.notifiers {
+		if w.watches[i] == nil {
+			w.watches[i] = n.WatchAs(w.channel, w.member, w.Wake)
+		}
+		ready[i] = w.watches[i].Ready()
 	}
 	return ready
 }
@@ -60,6 +64,8 @@ func (w *Waiter) Drain() {
 // Stop ends the watches; a wake-up not drained passes to another watcher.
 func (w *Waiter) Stop() {
 	for _, watch := range w.watches {
-		watch.Stop()
+		if watch != nil {
+			watch.Stop()
+		}
 	}
 }

@@ -49,7 +49,8 @@ var (
 // (Default), so that its tests can swap one for a broken variant.
 type Scripts struct {
 	// Acquire: KEYS lock, queue, alive[, fence]; ARGV owner, ttl ms,
-	// member, life ms, place in µs ('' = the server's time), wake prefix. Returns
+	// member, life ms, place in µs ('' = the server's time), wake prefix,
+	// 'keep' to keep the place when granted (else ''). Returns
 	// {1, token} or {0, ms to wait at most, holder}.
 	Acquire *redis.Script
 	// Renew: KEYS lock; ARGV owner, ttl ms. Returns 1 if extended.
