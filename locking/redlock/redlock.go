@@ -391,8 +391,7 @@ func count(votes []vote) tally {
 		case v.err != nil:
 			t.failed++
 			t.errs = append(t.errs, v.err)
-			var nerr net.Error
-			if !errors.Is(v.err, context.DeadlineExceeded) && !(errors.As(v.err, &nerr) && nerr.Timeout()) {
+			if !isTimeout(v.err) {
 				t.down++ // refused, reset: not merely slow
 			}
 		case v.yes:
@@ -406,6 +405,11 @@ func count(votes []vote) tally {
 		}
 	}
 	return t
+}
+
+func isTimeout(err error) bool {
+	var nerr net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &nerr) && nerr.Timeout()
 }
 
 // held reports whether someone holds the lock on a majority.
@@ -487,8 +491,8 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("acquire %q: %w", key, ctx.Err())
 		}
-		if t.yes+t.no >= l.quorum {
-			w.unreachable = 0
+		if t.failed <= len(l.nodes)-l.quorum {
+			w.unreachable = 0 // a majority answered, or may yet
 		} else if w.unreachable++; w.unreachable >= maxUnreachable || t.down > len(l.nodes)-l.quorum {
 			return nil, fmt.Errorf("acquire %q: %w: no majority of nodes answers: %w", key, locking.ErrUnavailable, t.errs)
 		}
