@@ -10,10 +10,27 @@ import (
 	"time"
 
 	"github.com/oversold-lab/oversold/inventory"
+	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
 )
+
+// holdLock takes sku's redis lock from a locker of its own, as another
+// replica would; the locker closes with the test.
+func (f *fixture) holdLock(sku string) locking.Lease {
+	f.t.Helper()
+	other, err := backends.Open(f.t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { other.Close() })
+	lease, err := other.Acquire(f.t.Context(), "sku/"+sku)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return lease
+}
 
 // queued sends one order per key, in that order, while the SKU's lock is
 // held by another locker, so they all queue in one replica; once the last
@@ -21,15 +38,7 @@ import (
 // answers, by key index.
 func (f *fixture) queued(h http.Handler, sku string, keys []string, qty func(i int) int) []*httptest.ResponseRecorder {
 	f.t.Helper()
-	other, err := backends.Open(f.t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	defer other.Close()
-	lease, err := other.Acquire(f.t.Context(), "sku/"+sku)
-	if err != nil {
-		f.t.Fatal(err)
-	}
+	lease := f.holdLock(sku)
 	recs := make([]*httptest.ResponseRecorder, len(keys))
 	var wg sync.WaitGroup
 	for i, key := range keys {
@@ -100,15 +109,7 @@ func TestBatchKeys(t *testing.T) {
 	h := f.redisReplicas(1, order.Config{Guard: storage.GuardNone})[0]
 
 	// A writer elsewhere takes key bk-2 while the batch waits for the lock.
-	other, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	lease, err := other.Acquire(t.Context(), "sku/bk")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := f.holdLock("bk")
 	keys := []string{"bk-1", "bk-2", "bk-1", "bk-3", "bk-1"}
 	qty := []int{1, 1, 1, 1, 2} // the last one reuses bk-1 with another body
 	recs := make([]*httptest.ResponseRecorder, len(keys))
@@ -244,15 +245,7 @@ func TestRetryRacesItsOwnTry(t *testing.T) {
 	}
 
 	f.stock("rr-hold", 1)
-	other, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	lease, err := other.Acquire(t.Context(), "sku/rr-hold")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := f.holdLock("rr-hold")
 	holds := make([]*httptest.ResponseRecorder, 2)
 	var wg sync.WaitGroup
 	for i := range holds {
