@@ -116,7 +116,10 @@ func TestAPI(t *testing.T) {
 			}
 			return r.Code, errorCode(t, r)
 		}, 405, "invalid_request"},
-		{"OPTIONS on no route", func() (int, string) { r := call(h, http.MethodOptions, "/v2/nothing", ""); return r.Code, errorCode(t, r) }, 404, "not_found"},
+		{"OPTIONS on no route", func() (int, string) {
+			r := call(h, http.MethodOptions, "/v2/nothing", "")
+			return r.Code, errorCode(t, r)
+		}, 404, "not_found"},
 	} {
 		if status, code := c.rec(); status != c.status || code != c.code {
 			t.Errorf("%s: %d %s, want %d %s", c.name, status, code, c.status, c.code)
