@@ -169,10 +169,8 @@ func New(client redis.UniversalClient, cfg Config) *Locker {
 
 // Acquire waits until the lock on key is granted, ctx ends, or Redis fails.
 func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error) {
-	if key == "" {
-		// "{}" is no hash tag: the lock and its counter could land in
-		// different Cluster slots.
-		return nil, errors.New("acquire: empty key")
+	if err := waitq.CheckKey(key); err != nil {
+		return nil, err
 	}
 	n := waitq.NamesOf(l.cfg.Prefix, key)
 	owner := waitq.NewOwner()

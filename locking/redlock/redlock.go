@@ -439,8 +439,8 @@ func (t tally) freeIn(quorum int) time.Duration {
 // Acquire waits until a majority of the nodes grant the lock on key, ctx
 // ends, or too many nodes fail.
 func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error) {
-	if key == "" {
-		return nil, errors.New("acquire: empty key")
+	if err := waitq.CheckKey(key); err != nil {
+		return nil, err
 	}
 	n := waitq.NamesOf(l.cfg.Prefix, key)
 	member := waitq.Member(l.id, waitq.NewOwner()) // our place in the queues

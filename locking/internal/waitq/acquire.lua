@@ -7,8 +7,9 @@
 -- the waiter stays live without a new try, in ms, ARGV[5] its place if the
 -- caller chooses it (Redlock: the same on every node), '' for the server's
 -- time, ARGV[6] wake channel prefix (a member's Locker id completes it),
--- ARGV[7] 'keep' to keep the place when granted here (Redlock: a grant on
--- one node is not yet a grant; the release takes the place out), else ''.
+-- ARGV[7] 'keep' to keep the place the caller had when granted here
+-- (Redlock: a grant on one node is not yet a grant; the release takes the
+-- place out), else ''.
 -- Returns {1, token (0 without a counter)} when granted, else
 -- {0, ms to wait at most, holder's owner or ''}: the holder's remaining TTL,
 -- or, when the lock is free but a live waiter is first, the time until that
@@ -20,9 +21,29 @@
 -- its liveness deadline passes.
 local ms, t = now()
 local dead = purge(ms)
+local life = tonumber(ARGV[4])
+-- Queue the caller first (a place it has is kept), then look at the head:
+-- a caller whose place puts it first takes a free lock in this call.
+-- A place the caller chose is clamped to [now - life, now] by this server's
+-- clock: a client clock ahead cannot put its waiters behind everyone, nor
+-- one behind put them ahead by more than a waiter's life.
+local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local place = us
+if ARGV[5] ~= '' then
+	place = math.min(math.max(tonumber(ARGV[5]), us - life * 1000), us)
+end
+local added = redis.call('zadd', KEYS[2], 'NX', place, ARGV[3])
+redis.call('zadd', KEYS[3], ms + life, ARGV[3])
+for i = 2, 3 do
+	if redis.call('pttl', KEYS[i]) < life then
+		redis.call('pexpire', KEYS[i], life)
+	end
+end
 local head = redis.call('zrange', KEYS[2], 0, 0)[1]
-if (head == nil or head == ARGV[3]) and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-	if head and ARGV[7] ~= 'keep' then
+if head == ARGV[3] and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+	-- 'keep' keeps a place the caller had before this call; one it got
+	-- only now it would not have had without the grant.
+	if ARGV[7] ~= 'keep' or added == 1 then
 		redis.call('zrem', KEYS[2], head)
 		redis.call('zrem', KEYS[3], head)
 	end
@@ -31,26 +52,19 @@ if (head == nil or head == ARGV[3]) and redis.call('set', KEYS[1], ARGV[1], 'NX'
 	end
 	return {1, 0}
 end
-local life = tonumber(ARGV[4])
-local place = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if ARGV[5] ~= '' then
-	place = tonumber(ARGV[5])
-end
-redis.call('zadd', KEYS[2], 'NX', place, ARGV[3])
-redis.call('zadd', KEYS[3], ms + life, ARGV[3])
-for i = 2, 3 do
-	if redis.call('pttl', KEYS[i]) < life then
-		redis.call('pexpire', KEYS[i], life)
-	end
-end
 local holder = redis.call('get', KEYS[1])
 if holder then
 	return {0, redis.call('pttl', KEYS[1]), holder}
 end
 -- Free, and a live waiter is first. If it only now became first (the ones
 -- ahead of it died), nobody has told it yet.
-head = redis.call('zrange', KEYS[2], 0, 0)[1]
 if dead > 0 then
 	wake(ARGV[6], head)
 end
-return {0, redis.call('zscore', KEYS[3], head) - ms, ''}
+local deadline = redis.call('zscore', KEYS[3], head)
+if not deadline then
+	-- Queued without liveness (the two sets diverged): not live.
+	redis.call('zrem', KEYS[2], head)
+	return {0, 0, ''}
+end
+return {0, deadline - ms, ''}

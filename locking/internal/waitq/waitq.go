@@ -28,7 +28,10 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	mrand "math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -73,7 +76,20 @@ var Default = Scripts{
 // Locker id).
 type Names struct{ Lock, Fence, Queue, Alive, Wake string }
 
-// NamesOf returns the names of key's lock under prefix.
+// CheckKey refuses a key NamesOf cannot use: an empty one, or one with a
+// brace, which would end the hash tag early or open another (the lock and
+// its fence counter could then land in different slots of a Cluster).
+func CheckKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New(`acquire "": empty key`)
+	case strings.ContainsAny(key, "{}"):
+		return fmt.Errorf("acquire %q: a key may not contain { or } (they delimit the Redis Cluster hash tag)", key)
+	}
+	return nil
+}
+
+// NamesOf returns the names of key's lock under prefix (see CheckKey).
 func NamesOf(prefix, key string) Names {
 	lock := prefix + "{" + key + "}"
 	return Names{Lock: lock, Fence: lock + ":fence", Queue: lock + ":waiters", Alive: lock + ":alive", Wake: lock + ":wake:"}
