@@ -22,7 +22,8 @@ import (
 // publish_received and _publishshard_received) for n PUBLISHes, n
 // SPUBLISHes (Redis 7's sharded pub/sub), and n lock handoffs of this
 // package's lock, whose release publishes one wake-up only when a waiter
-// is queued (PUBLISH, on the waiter's Locker's channel). Run with -v for
+// is queued (SPUBLISH on a Cluster, on the waiter's Locker's channel): only
+// the slot's shard hears it. Run with -v for
 // the table.
 func TestClusterPubSubFanout(t *testing.T) {
 	addrs := testbed.RedisCluster(t)
@@ -40,15 +41,20 @@ func TestClusterPubSubFanout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	measure := func(what string, do func() int) (per map[string]float64, count int) {
+	measure2 := func(what, also string, do func() int) (per, perAlso map[string]float64, count int) {
 		before := busCounts(t, ctx, addrs)
 		count = do()
 		time.Sleep(200 * time.Millisecond) // the bus delivers asynchronously
 		after := busCounts(t, ctx, addrs)
-		per = map[string]float64{}
+		per, perAlso = map[string]float64{}, map[string]float64{}
 		for _, a := range addrs {
 			per[a] = float64(after[a][what]-before[a][what]) / float64(count)
+			perAlso[a] = float64(after[a][also]-before[a][also]) / float64(count)
 		}
+		return per, perAlso, count
+	}
+	measure := func(what string, do func() int) (per map[string]float64, count int) {
+		per, _, count = measure2(what, "", do)
 		return per, count
 	}
 	publish, _ := measure("publish", func() int {
@@ -67,11 +73,13 @@ func TestClusterPubSubFanout(t *testing.T) {
 		}
 		return n
 	})
-	queue, releases := measure("publish", func() int { return handoffs(t, ctx, strings.Join(addrs, ","), key, n) })
+	// The lock's wake-ups: SPUBLISH from the slot's master (so its
+	// "publishshard" count), and no PUBLISH at all.
+	queue, queuePublish, releases := measure2("publishshard", "publish", func() int { return handoffs(t, ctx, strings.Join(addrs, ","), key, n) })
 
-	t.Logf("bus messages received per node per publish (PUBLISH, SPUBLISH) and per lock release (the wake-up queue, %d releases):", releases)
+	t.Logf("bus messages received per node per publish (PUBLISH, SPUBLISH) and per lock release (the wake-up queue, SPUBLISH, %d releases):", releases)
 	t.Logf("%-16s %8s %8s %8s", "node", "PUBLISH", "SPUBLISH", "queue")
-	var pubNodes, spubNodes int
+	var pubNodes, spubNodes, queueNodes int
 	for _, a := range addrs {
 		t.Logf("%-16s %8.2f %8.2f %8.2f", a, publish[a], spublish[a], queue[a])
 		if publish[a] >= 0.99 {
@@ -83,6 +91,15 @@ func TestClusterPubSubFanout(t *testing.T) {
 		if queue[a] > 1.01 {
 			t.Errorf("node %s got %.2f wake-ups per release: the queue publishes at most one", a, queue[a])
 		}
+		if queue[a] > 0 && spublish[a] < 0.99 {
+			t.Errorf("node %s, outside the lock's shard, got %.2f sharded wake-ups per release", a, queue[a])
+		}
+		if queuePublish[a] > 0 {
+			t.Errorf("node %s got %.2f PUBLISH messages per release: the lock's wake-ups must use SPUBLISH on a Cluster", a, queuePublish[a])
+		}
+		if queue[a] >= 0.5 {
+			queueNodes++
+		}
 	}
 	// The publishing master delivers to its own subscribers; the bus
 	// carries the message to every other node: five of six.
@@ -92,6 +109,11 @@ func TestClusterPubSubFanout(t *testing.T) {
 	// SPUBLISH stays in the shard: its master's replica, one node.
 	if spubNodes != 1 {
 		t.Errorf("SPUBLISH reached %d nodes over the bus, want 1 (the shard's replica)", spubNodes)
+	}
+	// Each release with a waiter queued wakes it by one SPUBLISH, which
+	// the bus carries to the shard's replica alone.
+	if queueNodes != 1 {
+		t.Errorf("the lock's wake-ups reached %d nodes over the bus, want 1 (the shard's replica)", queueNodes)
 	}
 }
 

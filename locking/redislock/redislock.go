@@ -11,7 +11,7 @@
 // channel in one Cluster slot. A granted lease is renewed every TTL/3 by a
 // script that extends the key only while it still holds the lease's owner
 // (locking.Keepalive), and Release deletes the key by the same owner check,
-// publishing on "lock:{k}:released" in the same script.
+// waking the first waiter (below) in the same script.
 //
 // A try that fails also queues the waiter, in the same script, in a fair
 // queue kept on the server (locking/internal/waitq): each waiter keeps the
@@ -32,7 +32,11 @@
 // lost. (On a hot key the channel is subscribed already, and a waiter joins
 // it before its first try, which saves the second.) All waiters of a Locker
 // share one subscription connection (Notifier), which wakes the waiter the
-// message names. A waiter also keeps a fallback timer, a jittered
+// message names. On a Cluster the wake-up is an SPUBLISH (sharded pub/sub,
+// Redis 7), which stays within the shard of the lock's slot (its master
+// and replicas) instead of going to every node over the cluster bus, and
+// the Locker keeps one SSUBSCRIBE connection per master it has locked keys
+// on (TestClusterPubSubFanout counts the bus messages per node). A waiter also keeps a fallback timer, a jittered
 // exponential backoff (Config.MinBackoff to MaxBackoff) capped by the
 // holder's remaining TTL (or the first waiter's liveness, when the lock is
 // free), which the failed try returned: a holder that died is replaced as
@@ -141,13 +145,15 @@ func (c Config) queueLife() time.Duration {
 type Locker struct {
 	client   redis.UniversalClient
 	cfg      Config
-	id       string // names this Locker's waiters and wake channels
-	ttl      string // cfg.TTL in milliseconds, as the scripts take it
-	life     string // queueLife in milliseconds
-	notifier *waitq.Notifier
+	id       string          // names this Locker's waiters and wake channels
+	ttl      string          // cfg.TTL in milliseconds, as the scripts take it
+	life     string          // queueLife in milliseconds
+	notifier *waitq.Notifier // nil on a Cluster: shards instead
+	sharded  string          // "s" on a Cluster: wake-ups by SPUBLISH
 
 	mu      sync.Mutex
-	leases  map[*lease]struct{} // live leases, ended by Close
+	shards  map[string]*waitq.Notifier // per Cluster master address
+	leases  map[*lease]struct{}        // live leases, ended by Close
 	closed  bool
 	closing chan struct{}
 }
@@ -155,16 +161,46 @@ type Locker struct {
 // New returns a Locker on client. Close does not close the client.
 func New(client redis.UniversalClient, cfg Config) *Locker {
 	cfg = cfg.withDefaults()
-	return &Locker{
-		client:   client,
-		cfg:      cfg,
-		id:       waitq.NewOwner()[:16],
-		ttl:      strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
-		life:     strconv.FormatInt(cfg.queueLife().Milliseconds(), 10),
-		notifier: waitq.NewNotifier(client),
-		leases:   make(map[*lease]struct{}),
-		closing:  make(chan struct{}),
+	l := &Locker{
+		client:  client,
+		cfg:     cfg,
+		id:      waitq.NewOwner()[:16],
+		ttl:     strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
+		life:    strconv.FormatInt(cfg.queueLife().Milliseconds(), 10),
+		shards:  make(map[string]*waitq.Notifier),
+		leases:  make(map[*lease]struct{}),
+		closing: make(chan struct{}),
 	}
+	if _, ok := client.(*redis.ClusterClient); ok {
+		l.sharded = "s"
+	} else {
+		l.notifier = waitq.NewNotifier(client)
+	}
+	return l
+}
+
+// notifierFor returns the Notifier that hears key's wake-ups: the one
+// subscription connection on a single server; on a Cluster, one sharded
+// connection per master, that of the master serving the lock's slot now
+// (a failover moves the slot, and later waits use the new master's). It
+// looks up the master (which may reload the slot map) before taking l.mu.
+func (l *Locker) notifierFor(ctx context.Context, n waitq.Names) (*waitq.Notifier, error) {
+	if l.notifier != nil {
+		return l.notifier, nil
+	}
+	master, err := l.client.(*redis.ClusterClient).MasterForKey(ctx, n.Lock)
+	if err != nil {
+		return nil, err
+	}
+	addr := master.Options().Addr
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	nt := l.shards[addr]
+	if nt == nil {
+		nt = waitq.NewShardNotifier(master)
+		l.shards[addr] = nt
+	}
+	return nt, nil
 }
 
 // Acquire waits until the lock on key is granted, ctx ends, or Redis fails.
@@ -175,7 +211,11 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	n := waitq.NamesOf(l.cfg.Prefix, key)
 	owner := waitq.NewOwner()
 	member := waitq.Member(l.id, owner) // our place in the queue
-	w := waitq.NewWaiter([]*waitq.Notifier{l.notifier}, n.Wake+l.id, member)
+	nt, err := l.notifierFor(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("acquire %q: %w: %w", key, locking.ErrUnavailable, err)
+	}
+	w := waitq.NewWaiter([]*waitq.Notifier{nt}, n.Wake+l.id, member)
 	defer w.Stop()
 	var timer *time.Timer
 	defer func() {
@@ -234,7 +274,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 // holder's remaining TTL, or the first waiter's liveness (negative if
 // unknown).
 func (l *Locker) try(ctx context.Context, n waitq.Names, owner, member string) (token uint64, wait time.Duration, err error) {
-	res, err := scripts.Acquire.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, l.ttl, member, l.life, "", n.Wake, "").Slice()
+	res, err := scripts.Acquire.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, l.ttl, member, l.life, "", n.Wake, "", l.sharded).Slice()
 	if err != nil {
 		return 0, 0, err
 	}
@@ -275,7 +315,7 @@ func (l *Locker) undo(ctx context.Context, n waitq.Names, owner, member string) 
 // from the queue), then wakes the first waiter in the queue if the lock is
 // free.
 func (l *Locker) release(ctx context.Context, n waitq.Names, owner, member string) (bool, error) {
-	return scripts.Release.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive}, owner, n.Wake, member, "1").Bool()
+	return scripts.Release.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive}, owner, n.Wake, member, "1", l.sharded).Bool()
 }
 
 // grant wraps a granted lock in a lease and starts its watchdog, whose
@@ -316,7 +356,19 @@ func (l *Locker) Close() error {
 		s.ka.Stop()
 		s.ka.MarkLost()
 	}
-	if err := l.notifier.Close(); err != nil {
+	l.mu.Lock()
+	notifiers := []*waitq.Notifier{l.notifier}
+	for _, nt := range l.shards {
+		notifiers = append(notifiers, nt)
+	}
+	l.mu.Unlock()
+	var errs []error
+	for _, nt := range notifiers {
+		if nt != nil {
+			errs = append(errs, nt.Close())
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("close redis lock: %w", err)
 	}
 	return nil

@@ -9,7 +9,8 @@
 -- time, ARGV[6] wake channel prefix (a member's Locker id completes it),
 -- ARGV[7] 'keep' to keep the place the caller had when granted here
 -- (Redlock: a grant on one node is not yet a grant; the release takes the
--- place out), else ''.
+-- place out), else ''; ARGV[8] 's' to wake with SPUBLISH (see wake), or
+-- absent.
 -- Returns {1, token (0 without a counter)} when granted, else
 -- {0, ms to wait at most, holder's owner or ''}: the holder's remaining TTL,
 -- or, when the lock is free but a live waiter is first, the time until that
@@ -59,7 +60,7 @@ end
 -- Free, and a live waiter is first. If it only now became first (the ones
 -- ahead of it died), nobody has told it yet.
 if dead > 0 then
-	wake(ARGV[6], head)
+	wake(ARGV[6], head, ARGV[8])
 end
 local deadline = redis.call('zscore', KEYS[3], head)
 if not deadline then

@@ -45,7 +45,8 @@ const (
 // The redis and redlock backends use one Notifier per Redis server they
 // talk to.
 type Notifier struct {
-	client redis.UniversalClient
+	client  redis.UniversalClient
+	sharded bool // SSUBSCRIBE, not SUBSCRIBE (see NewShardNotifier)
 
 	mu     sync.Mutex
 	ps     *redis.PubSub // nil until the first Watch; replaced after a failure
@@ -95,6 +96,40 @@ func NewNotifier(client redis.UniversalClient) *Notifier {
 	return &Notifier{client: client, topics: make(map[string]*topic), quit: make(chan struct{}), kick: make(chan struct{}, 1)}
 }
 
+// NewShardNotifier returns a Notifier over client, one Redis Cluster
+// master, with sharded pub/sub (SSUBSCRIBE): it hears the SPUBLISH wake-ups
+// of the locks whose slots client serves (Scripts' sharded flag), which
+// stay within that master's shard instead of reaching every node.
+func NewShardNotifier(client *redis.Client) *Notifier {
+	n := NewNotifier(client)
+	n.sharded = true
+	return n
+}
+
+// open returns a new subscription connection (dialed at its first command).
+func (n *Notifier) open() *redis.PubSub {
+	if n.sharded {
+		return n.client.SSubscribe(context.Background())
+	}
+	return n.client.Subscribe(context.Background())
+}
+
+// subscribe and unsubscribe are the current connection's commands; n.mu is
+// held.
+func (n *Notifier) subscribe() func(context.Context, ...string) error {
+	if n.sharded {
+		return n.ps.SSubscribe
+	}
+	return n.ps.Subscribe
+}
+
+func (n *Notifier) unsubscribe() func(context.Context, ...string) error {
+	if n.sharded {
+		return n.ps.SUnsubscribe
+	}
+	return n.ps.Unsubscribe
+}
+
 // Watch subscribes to channel, if this process is not subscribed yet, and
 // registers wake to be signalled (without blocking: give it a buffer of one)
 // when a message arrives. Ready closes once the server has confirmed the
@@ -116,7 +151,7 @@ func (n *Notifier) WatchAs(channel, id string, wake chan struct{}) *Watch {
 		return w
 	}
 	if n.ps == nil {
-		n.ps = n.client.Subscribe(context.Background())
+		n.ps = n.open()
 		n.done, n.wrote = make(chan struct{}), make(chan struct{})
 		go n.receive()
 		go n.write()
@@ -129,7 +164,7 @@ func (n *Notifier) WatchAs(channel, id string, wake chan struct{}) *Watch {
 	if !t.subscribed {
 		t.subscribed = true
 		t.ready = make(chan struct{})
-		n.send(t, n.ps.Subscribe, channel)
+		n.send(t, n.subscribe(), channel)
 	}
 	t.add(w)
 	return w
@@ -199,7 +234,7 @@ func (w *Watch) Stop() {
 			if t.idle == idle && !n.closed { // else a watcher came, or Close
 				t.idle = nil
 				t.subscribed = false
-				n.send(t, n.ps.Unsubscribe, w.channel)
+				n.send(t, n.unsubscribe(), w.channel)
 			}
 		})
 		t.idle = idle
@@ -339,7 +374,7 @@ func (n *Notifier) restart(old *redis.PubSub) {
 		return
 	}
 	_ = old.Close()
-	n.ps = n.client.Subscribe(context.Background())
+	n.ps = n.open()
 	var channels []string
 	for ch, t := range n.topics {
 		if len(t.watches) == 0 {
@@ -355,7 +390,7 @@ func (n *Notifier) restart(old *redis.PubSub) {
 		t.subscribed, t.inflight, t.ready, t.resync = true, 1, make(chan struct{}), true
 	}
 	if len(channels) > 0 {
-		n.queue(n.ps.Subscribe, channels...) // one confirmation per channel
+		n.queue(n.subscribe(), channels...) // one confirmation per channel
 	}
 }
 

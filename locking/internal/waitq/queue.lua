@@ -13,7 +13,14 @@ local function purge(ms)
 	end
 	return #dead
 end
--- wake tells member, by name, on its Locker's channel (prefix + Locker id).
-local function wake(prefix, member)
-	redis.call('publish', prefix .. string.match(member, '^[^:]*'), member)
+-- wake tells member, by name, on its Locker's channel (prefix + Locker id),
+-- with SPUBLISH if sharded is 's' (Redis Cluster: the message stays in the
+-- shard of the lock's slot, which the channel's hash tag shares), else
+-- PUBLISH.
+local function wake(prefix, member, sharded)
+	local cmd = 'publish'
+	if sharded == 's' then
+		cmd = 'spublish'
+	end
+	redis.call(cmd, prefix .. string.match(member, '^[^:]*'), member)
 end

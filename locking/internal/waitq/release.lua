@@ -4,7 +4,8 @@
 -- KEYS[1] lock key, KEYS[2] queue, KEYS[3] liveness (see acquire.lua).
 -- ARGV[1] owner, ARGV[2] wake channel prefix (the waiter's Locker id
 -- completes it), ARGV[3] the member of a waiter that gives up, or '',
--- ARGV[4] '1' to wake the first waiter.
+-- ARGV[4] '1' to wake the first waiter, ARGV[5] 's' to wake with SPUBLISH
+-- (see wake), or absent.
 -- Returns 1 if released, 0 if not held (expired, or someone else's now).
 -- A waiter that gives up leaves the queue and passes the wake-up on: it may
 -- have been the one woken for the last release.
@@ -20,7 +21,7 @@ if ARGV[4] == '1' and redis.call('exists', KEYS[1]) == 0 then
 	purge(now())
 	local head = redis.call('zrange', KEYS[2], 0, 0)[1]
 	if head then
-		wake(ARGV[2], head)
+		wake(ARGV[2], head, ARGV[5])
 	end
 end
 if held then
