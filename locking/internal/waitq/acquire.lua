@@ -25,13 +25,16 @@ local dead = purge(ms)
 local life = tonumber(ARGV[4])
 -- Queue the caller first (a place it has is kept), then look at the head:
 -- a caller whose place puts it first takes a free lock in this call.
--- A place the caller chose is clamped to [now - life, now] by this server's
--- clock: a client clock ahead cannot put its waiters behind everyone, nor
--- one behind put them ahead by more than a waiter's life.
+-- A place the caller chose is kept as it is within [now - 10 life, now +
+-- life] of this server's clock: every node of a Redlock must store the same
+-- place, or nodes order waiters by their own arrival times and each waiter
+-- heads a different node for good (a split vote no retry ends). Only a
+-- client clock off by more than that is clamped: it can put its waiters
+-- behind others, or ahead of them, by at most that window.
 local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local place = us
 if ARGV[5] ~= '' then
-	place = math.min(math.max(tonumber(ARGV[5]), us - life * 1000), us)
+	place = math.min(math.max(tonumber(ARGV[5]), us - 10 * life * 1000), us + life * 1000)
 end
 local added = redis.call('zadd', KEYS[2], 'NX', place, ARGV[3])
 redis.call('zadd', KEYS[3], ms + life, ARGV[3])

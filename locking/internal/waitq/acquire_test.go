@@ -92,13 +92,15 @@ func TestClientPlaceClamped(t *testing.T) {
 	s.acquire("ahead", strconv.FormatInt(now+hour, 10))
 	s.acquire("behind", strconv.FormatInt(now-hour, 10))
 	after := s.nowMicros()
-	for member, bounds := range map[string][2]int64{"ahead": {now, after}, "behind": {now - life*1000, after - life*1000}} {
+	near := now + life*1000/2 // inside the window: kept as sent, the same on every node
+	s.acquire("near", strconv.FormatInt(near, 10))
+	for member, bounds := range map[string][2]int64{"ahead": {now + life*1000, after + life*1000}, "behind": {now - 10*life*1000, after - 10*life*1000}, "near": {near, near}} {
 		place, err := s.c.ZScore(context.Background(), s.n.Queue, member).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if int64(place) < bounds[0] || int64(place) > bounds[1] {
-			t.Errorf("%s: queued at %d µs, want within [%d, %d] (the server's time, clamped by a waiter's life)", member, int64(place), bounds[0], bounds[1])
+			t.Errorf("%s: queued at %d µs, want within [%d, %d] (kept within [now - 10 life, now + life], clamped outside)", member, int64(place), bounds[0], bounds[1])
 		}
 	}
 }

@@ -389,8 +389,11 @@ func (n *Notifier) restart(old *redis.PubSub) {
 		closeOnce(t.ready) // who waits for the old subscription tries now
 		t.subscribed, t.inflight, t.ready, t.resync = true, 1, make(chan struct{}), true
 	}
-	if len(channels) > 0 {
-		n.queue(n.subscribe(), channels...) // one confirmation per channel
+	// One command per channel: the channels of one SSUBSCRIBE must share a
+	// Cluster slot (CROSSSLOT otherwise, and the notifier would restart
+	// for good); each gets its own confirmation.
+	for _, ch := range channels {
+		n.queue(n.subscribe(), ch)
 	}
 }
 
