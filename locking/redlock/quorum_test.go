@@ -162,3 +162,34 @@ func proxiedLocker(tb testing.TB, addrs []string, cfg redlock.Config) *redlock.L
 	tb.Cleanup(func() { l.Close() })
 	return l
 }
+
+// An acquire attempt leaves behind only a node known to be slow: a healthy
+// node a few ms farther than the others may hold the deciding vote. Node 1
+// answers "no" at once for a whole TTL (another owner's stray key, as a
+// Release that reached only a majority leaves), node 0 "yes" at once, and
+// node 2's "yes", 6 ms away, decides: Acquire must get the lock, not cut
+// node 2 off on every attempt until its ctx ends (review 3, F9).
+func TestQuorumHearsAFartherNode(t *testing.T) {
+	addrs := testbed.Redises(t, 3)
+	paths, proxies := proxied(t, addrs)
+	if err := proxies[2].Latency(3 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	l := proxiedLocker(t, paths, redlock.Config{TTL: 2 * time.Second})
+	stray := redis.NewClient(&redis.Options{Addr: addrs[1]})
+	t.Cleanup(func() { stray.Close() })
+	for i := range 5 {
+		key := fmt.Sprintf("farther-%d", i)
+		if err := stray.Set(t.Context(), "lock:{"+key+"}", "stray", 5*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		start := time.Now()
+		lease, err := l.Acquire(ctx, key)
+		cancel()
+		if err != nil {
+			t.Fatalf("key %d: nodes 0 and 2 free, node 2 %v away: Acquire: %v after %v", i, 6*time.Millisecond, err, time.Since(start))
+		}
+		lease.Release(context.Background())
+	}
+}

@@ -172,6 +172,10 @@ type Locker struct {
 type node struct {
 	client   redis.UniversalClient
 	notifier *waitq.Notifier
+	// slow: the node's last request ran out its timeout unanswered (black-
+	// holed, or far slower than the rest). Only such a node is left behind
+	// by an acquire attempt's hurry; any answer clears it.
+	slow *atomic.Bool
 }
 
 // New returns a Locker on the given independent masters (not replicas of
@@ -195,7 +199,7 @@ func New(clients []redis.UniversalClient, cfg Config) (*Locker, error) {
 	}
 	l.stop, l.cancel = context.WithCancel(context.Background())
 	for _, c := range clients {
-		l.nodes = append(l.nodes, node{client: c, notifier: waitq.NewNotifier(c)})
+		l.nodes = append(l.nodes, node{client: c, notifier: waitq.NewNotifier(c), slow: new(atomic.Bool)})
 	}
 	return l, nil
 }
@@ -237,9 +241,10 @@ type request struct {
 	// settled (nil: wait for every answer).
 	decided func(tally) bool
 	// hurry: once a majority has answered without settling the outcome,
-	// wait for the rest only as long again as that majority took: an
-	// acquire attempt, which can be tried again, does not wait for a node
-	// much slower than the others.
+	// wait for nodes known slow (node.slow) only as long again as that
+	// majority took: an acquire attempt, which can be tried again, does not
+	// wait out a black-holed node each time, yet still hears a healthy node
+	// a few ms farther whose vote decides (review 3, F9).
 	hurry bool
 	do    func(context.Context, redis.UniversalClient) vote
 }
@@ -287,17 +292,34 @@ func (l *Locker) ask(r request) (votes []vote, done []<-chan struct{}) {
 			v := vote{err: ctx.Err()}
 			if v.err == nil {
 				v = r.do(ctx, nd.client)
+				var reply redis.Error
+				switch {
+				case v.err == nil, errors.As(v.err, &reply):
+					nd.slow.Store(false)
+				case errors.Is(ctx.Err(), context.DeadlineExceeded) && r.base.Err() == nil:
+					nd.slow.Store(true)
+				}
 			}
 			answers <- answer{i, v} // buffered: never blocks
 		}()
 	}
 	start, answered := time.Now(), 0
+	in := make([]bool, len(l.nodes))
+	// onlySlowLeft: every node yet to answer ran out its last timeout.
+	onlySlowLeft := func() bool {
+		for i, nd := range l.nodes {
+			if done[i] != closed && !in[i] && !nd.slow.Load() {
+				return false
+			}
+		}
+		return true
+	}
 	var grace <-chan time.Time
 	for answered < asked && (r.decided == nil || !r.decided(count(votes))) {
 		select {
 		case a := <-answers:
-			votes[a.i] = a.v
-			if answered++; r.hurry && answered == l.quorum && answered < asked {
+			votes[a.i], in[a.i] = a.v, true
+			if answered++; r.hurry && grace == nil && answered >= l.quorum && answered < asked && onlySlowLeft() {
 				grace = time.After(max(time.Since(start), time.Millisecond))
 			}
 		case <-grace:
