@@ -23,50 +23,36 @@ import (
 // transaction (a UNIQUE key), not beside it. The victim is started again
 // afterwards.
 func CrashAfterCommit() loadtest.Fault {
-	var runs perRun[*insideHook]
-	return loadtest.Fault{
-		Prepare: hookPrepare(&runs),
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			hook, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			r, other, err := replicas(run)
-			if err != nil {
-				return err
-			}
-			ctx, d := drive(ctx, run, hook)
-			defer d.close()
-			victim, first, batch := d.enterBatch(ctx, r, atAfterCommit, "crash")
-			if victim == nil {
-				return nil
-			}
-			t0 := time.Now()
-			err = r.Kill()
-			victim.Answer()
-			if err != nil {
-				return fmt.Errorf("kill %s: %w", r.Name, err)
-			}
-			run.Fired("%s killed (SIGKILL) after committing the batch of order key %s, before answering", victim, first.Key)
-			if p := d.wait(ctx, first, lockWait); p.status != 0 {
-				run.Violatedf("the killed replica answered %d", p.status)
-			}
-			// The client retries each key of the batch on the next replica.
-			// A key MySQL holds (the struck batch's) must get that order
-			// back (200); one that never reached it (queued behind the
-			// batch, or too late for it) a new one; either way one order.
-			for _, s := range batch {
-				if err := retryAfterCrash(ctx, d, run, other, s.Key, s == first); err != nil {
-					return err
-				}
-			}
-			if err := r.Start(ctx); err != nil && ctx.Err() == nil {
-				return fmt.Errorf("restart %s: %w", r.Name, err)
-			}
-			run.Eventf("%s started again %s after the kill", r.Name, since(t0))
+	return drivenFault(func(ctx context.Context, run *loadtest.Run, d *driver, r, other *loadtest.Replica) error {
+		victim, first, batch := d.enterBatch(ctx, r, atAfterCommit, "crash")
+		if victim == nil {
 			return nil
-		},
-	}
+		}
+		t0 := time.Now()
+		err := r.Kill()
+		victim.Answer()
+		if err != nil {
+			return fmt.Errorf("kill %s: %w", r.Name, err)
+		}
+		run.Fired("%s killed (SIGKILL) after committing the batch of order key %s, before answering", victim, first.Key)
+		if p := d.wait(ctx, first, lockWait); p.status != 0 {
+			run.Violatedf("the killed replica answered %d", p.status)
+		}
+		// The client retries each key of the batch on the next replica.
+		// A key MySQL holds (the struck batch's) must get that order
+		// back (200); one that never reached it (queued behind the
+		// batch, or too late for it) a new one; either way one order.
+		for _, s := range batch {
+			if err := retryAfterCrash(ctx, d, run, other, s.Key, s == first); err != nil {
+				return err
+			}
+		}
+		if err := r.Start(ctx); err != nil && ctx.Err() == nil {
+			return fmt.Errorf("restart %s: %w", r.Name, err)
+		}
+		run.Eventf("%s started again %s after the kill", r.Name, since(t0))
+		return nil
+	})
 }
 
 // retryAfterCrash retries key on replica other, as a client whose

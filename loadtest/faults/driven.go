@@ -43,6 +43,29 @@ func drive(ctx context.Context, run *loadtest.Run, hook *insideHook) (context.Co
 	return ctx, &driver{run: run, hook: hook, client: &http.Client{Timeout: 30 * time.Second}, cancel: cancel, ctx: ctx}
 }
 
+// drivenFault is a fault that strikes through the replicas' hook: every
+// replica is pointed at a hook of the run's own, and inject gets the run's
+// driver, the replica the seed draws and the next one.
+func drivenFault(inject func(ctx context.Context, run *loadtest.Run, d *driver, r, next *loadtest.Replica) error) loadtest.Fault {
+	var runs perRun[*insideHook]
+	return loadtest.Fault{
+		Prepare: hookPrepare(&runs),
+		Inject: func(ctx context.Context, run *loadtest.Run) error {
+			hook, err := runs.get(run)
+			if err != nil {
+				return err
+			}
+			r, next, err := replicas(run)
+			if err != nil {
+				return err
+			}
+			ctx, d := drive(ctx, run, hook)
+			defer d.close()
+			return inject(ctx, run, d, r, next)
+		},
+	}
+}
+
 // close waits for the orders left to it (their answers are the run's: an
 // acknowledged one is checked), then ends the driver's context.
 func (d *driver) close() {

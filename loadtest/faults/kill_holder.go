@@ -21,45 +21,32 @@ import (
 // acknowledged may be lost. The killed replica is started again, so the
 // load goes on with every replica.
 func KillHolder() loadtest.Fault {
-	var runs perRun[*insideHook]
-	return loadtest.Fault{
-		Backends: leaseBackends,
-		Prepare:  hookPrepare(&runs),
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			hook, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			r, next, err := replicas(run)
-			if err != nil {
-				return err
-			}
-			ctx, d := drive(ctx, run, hook)
-			defer d.close()
-			c, first, _ := d.enterBatch(ctx, r, atBeforeWrite, "killed")
-			if c == nil {
-				return nil
-			}
-			t0 := time.Now()
-			err = r.Kill()
-			c.Answer() // its connection is gone with it
-			if err != nil {
-				return fmt.Errorf("kill %s: %w", r.Name, err)
-			}
-			run.Fired("%s killed (SIGKILL) holding the lock", c)
-			second := d.send(ctx, next, "after-kill")
-			if p := d.wait(ctx, second, leaseLife(run)+2*lockWait); p.status == http.StatusCreated {
-				run.Recovered(time.Since(t0))
-				run.Eventf("%s took the dead holder's lock and placed its order %s after the kill", next.Name, since(t0))
-			}
-			d.wait(ctx, first, lockWait)
-			if err := r.Start(ctx); err != nil {
-				return fmt.Errorf("restart %s: %w", r.Name, err)
-			}
-			run.Eventf("%s started again, ready %s after the kill", r.Name, since(t0))
+	f := drivenFault(func(ctx context.Context, run *loadtest.Run, d *driver, r, next *loadtest.Replica) error {
+		c, first, _ := d.enterBatch(ctx, r, atBeforeWrite, "killed")
+		if c == nil {
 			return nil
-		},
-	}
+		}
+		t0 := time.Now()
+		err := r.Kill()
+		c.Answer() // its connection is gone with it
+		if err != nil {
+			return fmt.Errorf("kill %s: %w", r.Name, err)
+		}
+		run.Fired("%s killed (SIGKILL) holding the lock", c)
+		second := d.send(ctx, next, "after-kill")
+		if p := d.wait(ctx, second, leaseLife(run)+2*lockWait); p.status == http.StatusCreated {
+			run.Recovered(time.Since(t0))
+			run.Eventf("%s took the dead holder's lock and placed its order %s after the kill", next.Name, since(t0))
+		}
+		d.wait(ctx, first, lockWait)
+		if err := r.Start(ctx); err != nil {
+			return fmt.Errorf("restart %s: %w", r.Name, err)
+		}
+		run.Eventf("%s started again, ready %s after the kill", r.Name, since(t0))
+		return nil
+	})
+	f.Backends = leaseBackends
+	return f
 }
 
 // hookPrepare points every replica at a hook of the run's own.

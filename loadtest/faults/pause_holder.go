@@ -44,64 +44,51 @@ func PauseAfterCommit() loadtest.Fault { return pauseHolder(atBeforeCache) }
 
 // pauseHolder freezes the struck replica's own order at hook point point.
 func pauseHolder(point string) loadtest.Fault {
-	var runs perRun[*insideHook]
-	return loadtest.Fault{
-		Backends: leaseBackends,
-		Prepare:  hookPrepare(&runs),
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			hook, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			r, next, err := replicas(run)
-			if err != nil {
-				return err
-			}
-			ctx, d := drive(ctx, run, hook)
-			defer d.close()
-			life := leaseLife(run)
+	f := drivenFault(func(ctx context.Context, run *loadtest.Run, d *driver, r, next *loadtest.Replica) error {
+		life := leaseLife(run)
 
-			c, first, _ := d.enterBatch(ctx, r, point, "paused")
-			if c == nil {
-				return nil
-			}
-			defer c.Answer()
-			resume, err := pause(r)
-			if err != nil {
-				return err
-			}
-			defer resume() // always resumed, whatever happens below
-			t0 := time.Now()
-			run.Fired("%s frozen (SIGSTOP) at %s, holding its lease", c, point)
-
-			// The second holder: another replica, the same SKU. It waits
-			// for the frozen holder's lease to expire.
-			c2, second, err := d.sendCaught(ctx, next, atBeforeWrite, "second", life+lockWait)
-			if err == nil {
-				run.Eventf("%s took the same lock %s into the pause and writes", c2, since(t0))
-				c2.Answer()
-			} else {
-				run.Eventf("no second holder during the pause: %v", err)
-			}
-			d.wait(ctx, second, life+lockWait)
-			if point == atBeforeCache {
-				if run.Spec.Guard == "version" {
-					run.Eventf("the second holder read the cache entry the frozen holder had not updated: guard version validates the read, so that stale write was refused and the cache refreshed from MySQL")
-				} else {
-					run.Eventf("the frozen holder had deleted the SKU's cache entry before its write (guard %s trusts the cached read): the second holder missed, read the committed stock from MySQL and lost nothing", run.Spec.Guard)
-				}
-			}
-			// Frozen for at least twice the lease's life in any case.
-			_ = sleepCtx(ctx, 2*life-time.Since(t0))
-			if err := resume(); err != nil {
-				return fmt.Errorf("resume %s: %w", r.Name, err)
-			}
-			c.Answer()
-			run.Eventf("%s resumed (SIGCONT) after %s and went on with its lost lease", r.Name, since(t0))
-			d.wait(ctx, first, faultLimit/2)
+		c, first, _ := d.enterBatch(ctx, r, point, "paused")
+		if c == nil {
 			return nil
-		},
-	}
+		}
+		defer c.Answer()
+		resume, err := pause(r)
+		if err != nil {
+			return err
+		}
+		defer resume() // always resumed, whatever happens below
+		t0 := time.Now()
+		run.Fired("%s frozen (SIGSTOP) at %s, holding its lease", c, point)
+
+		// The second holder: another replica, the same SKU. It waits
+		// for the frozen holder's lease to expire.
+		c2, second, err := d.sendCaught(ctx, next, atBeforeWrite, "second", life+lockWait)
+		if err == nil {
+			run.Eventf("%s took the same lock %s into the pause and writes", c2, since(t0))
+			c2.Answer()
+		} else {
+			run.Eventf("no second holder during the pause: %v", err)
+		}
+		d.wait(ctx, second, life+lockWait)
+		if point == atBeforeCache {
+			if run.Spec.Guard == "version" {
+				run.Eventf("the second holder read the cache entry the frozen holder had not updated: guard version validates the read, so that stale write was refused and the cache refreshed from MySQL")
+			} else {
+				run.Eventf("the frozen holder had deleted the SKU's cache entry before its write (guard %s trusts the cached read): the second holder missed, read the committed stock from MySQL and lost nothing", run.Spec.Guard)
+			}
+		}
+		// Frozen for at least twice the lease's life in any case.
+		_ = sleepCtx(ctx, 2*life-time.Since(t0))
+		if err := resume(); err != nil {
+			return fmt.Errorf("resume %s: %w", r.Name, err)
+		}
+		c.Answer()
+		run.Eventf("%s resumed (SIGCONT) after %s and went on with its lost lease", r.Name, since(t0))
+		d.wait(ctx, first, faultLimit/2)
+		return nil
+	})
+	f.Backends = leaseBackends
+	return f
 }
 
 // pause freezes r (SIGSTOP) and returns what resumes it (SIGCONT), once

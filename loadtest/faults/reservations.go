@@ -255,30 +255,17 @@ func ReservationExpiryRace() loadtest.Fault {
 // (nil: all) whose inject gets the run's driver (its hook), a connection to
 // MySQL, the replica the seed draws and the next one.
 func reservationFault(backends []string, inject func(ctx context.Context, run *loadtest.Run, d *driver, db *sql.DB, r, next *loadtest.Replica) error) loadtest.Fault {
-	var runs perRun[*insideHook]
-	return loadtest.Fault{
-		Workload: loadtest.WorkloadReservations,
-		Backends: backends,
-		Prepare:  hookPrepare(&runs),
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			hook, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			r, next, err := replicas(run)
-			if err != nil {
-				return err
-			}
-			ctx, d := drive(ctx, run, hook)
-			defer d.close()
-			db, err := sql.Open("mysql", run.Servers.MySQLDSN)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			return inject(ctx, run, d, db, r, next)
-		},
-	}
+	f := drivenFault(func(ctx context.Context, run *loadtest.Run, d *driver, r, next *loadtest.Replica) error {
+		db, err := sql.Open("mysql", run.Servers.MySQLDSN)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		return inject(ctx, run, d, db, r, next)
+	})
+	f.Workload = loadtest.WorkloadReservations
+	f.Backends = backends
+	return f
 }
 
 // reserve holds quantity of sku for ttl seconds on base, with key ("" for
