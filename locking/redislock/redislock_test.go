@@ -35,8 +35,10 @@ func TestConformance(t *testing.T) {
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { admin.Close() })
 	locktest.Run(t, locktest.Backend{
-		Name:   "redis",
-		Config: backends.Config{RedisAddr: addr, TTL: time.Second},
+		Name:    "redis",
+		Config:  backends.Config{RedisAddr: addr, TTL: time.Second},
+		Servers: []string{addr},
+		Through: func(addrs []string) backends.Config { return backends.Config{RedisAddr: addrs[0], TTL: time.Second} },
 		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
 			return takeOver(ctx, admin, key)
 		},

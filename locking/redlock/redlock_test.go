@@ -25,8 +25,10 @@ func TestConformance(t *testing.T) {
 	admins := clients(t, addrs)
 	lockKey := func(key string) string { return "lock:{" + key + "}" } // the default prefix, as backends.Open uses
 	locktest.Run(t, locktest.Backend{
-		Name:   "redlock",
-		Config: backends.Config{RedlockAddrs: addrs, TTL: time.Second},
+		Name:    "redlock",
+		Config:  backends.Config{RedlockAddrs: addrs, TTL: time.Second},
+		Servers: addrs,
+		Through: func(addrs []string) backends.Config { return backends.Config{RedlockAddrs: addrs, TTL: time.Second} },
 		// Another owner's value on every node, for a minute.
 		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
 			for _, c := range admins {
