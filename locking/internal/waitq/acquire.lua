@@ -20,6 +20,14 @@
 -- queues behind it instead of taking it (fair handoff). A waiter that stops
 -- trying (dead, or it gave up and could not say so) loses its place when
 -- its liveness deadline passes.
+-- Nobody queued: a free lock is the caller's at once, with nothing to
+-- keep (the uncontended path, as cheap as a plain SET NX).
+if redis.call('exists', KEYS[2]) == 0 and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+	if KEYS[4] then
+		return {1, redis.call('incr', KEYS[4])}
+	end
+	return {1, 0}
+end
 local ms, t = now()
 local dead = purge(ms)
 local life = tonumber(ARGV[4])
