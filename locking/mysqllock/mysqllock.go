@@ -1,43 +1,62 @@
-// Package mysqllock is a lease lock kept in a MySQL table, beside the data it
-// protects: the seeds' lock-table design, made safe under faults.
+// Package mysqllock is a lease lock kept in MySQL, beside the data it
+// protects: the seeds' lock-table design, made safe under faults, and
+// written so that a grant costs no flush to disk.
 //
 // # How it works
 //
-// One row per key in oversold_locks: lock_key, owner (random per Acquire),
-// token, expires_at. Every time comes from the database's clock
-// (UTC_TIMESTAMP(6)), never a client's, so replicas with skewed clocks agree
-// on who holds a lease; UTC rather than NOW() so that neither a session's
-// time_zone nor a daylight-saving change moves an expiry.
+// One row per held key in oversold_leases, a MEMORY table: lock_key, owner
+// (random per Acquire), seq, epoch, expires_at. A MEMORY table is never
+// written to disk, so taking and giving up a lease commits nothing to the
+// redo log (a plain GET_LOCK writes nothing either); its contents vanish
+// when the server restarts, which the epoch covers (below). Every time
+// comes from the database's clock (UTC_TIMESTAMP(6)), never a client's, so
+// replicas with skewed clocks agree on who holds a lease; UTC rather than
+// NOW() so that neither a session's time_zone nor a daylight-saving change
+// moves an expiry.
 //
-//   - Acquire is one statement: INSERT ... ON DUPLICATE KEY UPDATE inserts the
-//     row, or takes it over when its lease has run out (or it was released),
-//     bumping token; InnoDB's row lock makes the check and the grant atomic.
-//     LAST_INSERT_ID(expr) hands the new token back in the same round trip,
-//     and 0 when someone else holds the key.
+//   - Acquire is one statement: an INSERT of the key's row, which the
+//     primary key refuses while someone holds the key. Its AUTO_INCREMENT
+//     seq comes back with the result and makes the token (below). A row
+//     whose lease ran out (a dead or paused holder) is deleted, then the
+//     INSERT tried again. The table lock of the MEMORY engine makes each
+//     statement atomic.
 //   - A waiter blocks in GET_LOCK on the key's named lock, which the holder
-//     took before its grab and gives up in the statement that frees the row,
-//     so a release wakes the next waiter at once (queue.go). The named lock
-//     is only a wake-up: the row alone grants the key. Where the named lock
-//     cannot help (its holder is not the row's, no connection to spare), a
-//     waiter polls the holder's remaining lease with a plain SELECT (a
-//     consistent read: no row lock, so waiters never delay the holder's
-//     renewals), sleeping a jittered backoff that starts at Config.MinPoll and
+//     took before its grab and gives up in the statement that deletes the
+//     row, so a release wakes the next waiter at once (queue.go). The named
+//     lock is only a wake-up: the row alone grants the key. Where the named
+//     lock cannot help (its holder is not the row's, no connection to
+//     spare), a waiter polls the holder's remaining lease with a plain
+//     SELECT, sleeping a jittered backoff that starts at Config.MinPoll and
 //     doubles up to Config.MaxPoll, but never past the holder's remaining
 //     lease; when the row looks free it tries the INSERT again.
 //   - The holder renews every TTL/3 through locking.Keepalive with an UPDATE
 //     that matches only its own, unexpired row, so a renewal never revives an
 //     expired lease or extends someone else's (REFERENCES.md, lesson 3).
-//   - Release frees the row (empty owner, expiry in the past) only while it is
-//     still this lease's and unexpired; otherwise it returns ErrNotHeld.
+//   - Release deletes the row only while it is still this lease's and
+//     unexpired; otherwise it returns ErrNotHeld.
 //
 // # Token
 //
-// The row's token column: 1 on the first grant, +1 on every takeover, in the
-// same statement as the grant, so never 0. Rows are never deleted (Release frees them),
-// so the counter survives releases and tokens strictly increase per key.
-// Do not prune the table: a deleted row restarts its key at token 1, and a
-// fencing guard then refuses every new holder until the tokens catch up
-// (safe, but stuck). The table holds one small row per key ever locked.
+// Token = epoch << 40 | seq. seq is the MEMORY table's AUTO_INCREMENT: it
+// grows with every grant of any key and is never reused while the server
+// runs (a DELETE does not lower it), so within one server run a later
+// grant of a key has a larger token. epoch counts server runs: it lives in
+// oversold_lock_epochs (InnoDB, durable). After a restart the table is
+// empty and seq starts again at 1, and the first grab finds no epoch for
+// this run in oversold_lock_boot (MEMORY too): it fails, and the Locker
+// adds 1 to the durable epoch, waits for that commit to be flushed, and
+// only then records the new epoch in the boot row, on the same
+// connection (a restart in between kills the connection, so no boot row
+// can name an epoch bumped before the restart). Every grab names the
+// epoch it builds its token from and the INSERT takes place only if the
+// boot row has that epoch: tokens of a later run are larger than any of
+// an earlier run, across a crash too, as long as commits are flushed
+// (innodb_flush_log_at_trx_commit=1, the default). 2^40 grants fit in one
+// server run; past that Acquire fails until a restart.
+//
+// Do not TRUNCATE oversold_leases, or ALTER its AUTO_INCREMENT, by hand:
+// seq would start again within a run and tokens repeat. Deleting rows is
+// harmless (a deleted lease is lost, as after an expiry).
 //
 // # Failure modes
 //
@@ -51,28 +70,33 @@
 //     after that is stopped only by the fencing token.
 //   - A step of the database's wall clock (NTP) moves every expiry: forward,
 //     a lease can be taken over before its holder's Lost closes (the holder
-//     learns at its next renewal, within TTL/3), so fence writes.
+//     learns at its next renewal, within TTL/3), so fence writes. Tokens do
+//     not depend on the clock.
+//   - The database restarts: every lease is gone with the MEMORY table. No
+//     key is granted for one TTL (of the Locker that records the new epoch)
+//     after the boot row is written, so that every holder from before the
+//     restart has seen its Lost close by its own clock first (its
+//     renewals failed meanwhile, or match no row); then tokens continue in
+//     the new epoch. Lockers sharing a database should share a TTL.
 //   - The database unreachable: Acquire fails with ErrUnavailable; holders
 //     cannot renew, and Lost closes when their validity runs out. A failover
 //     to a replica that missed recent grants can hand a key out twice, with
-//     a repeated token; since the lock table lives in the same database as
-//     the data it guards, the fencing column rolls back with it.
+//     a repeated token; a replica applies the grant (a statement on the
+//     MEMORY table, logged at once) before any write fenced with its token
+//     (logged at its commit), so the data it guards rolls back with it.
 //   - A wait ended by its context returns at once and leaves nothing
 //     behind. The grab statement is never abandoned halfway (an abandoned
-//     INSERT can still commit on the server after the client gave up): it
-//     finishes in the background, and a row it won is freed. Every
+//     INSERT can still land on the server after the client gave up): it
+//     finishes in the background, and a row it won is deleted. Every
 //     statement is bounded by TTL/3; only a grab that times out can land
 //     later still, and nobody renews it, so it frees within TTL like a dead
 //     holder's.
-//   - Every grant and every release is a commit, flushed to disk under the
-//     default innodb_flush_log_at_trx_commit=1: a hot key changes hands at
-//     most about once per flush, where a bare GET_LOCK writes nothing. The
-//     token's durability needs the grant's flush; the release's is only
-//     overlapped with the next grant (the named lock is released before the
-//     commit, see freeQueued).
 //   - Only a fallback polls (a holder whose connection to the named lock
 //     died, or that came in while no queue connection was spare): then the
 //     key idles until the first waiter's next poll, at most MaxPoll.
+//   - The MEMORY table holds the rows of held keys and of holders that died
+//     holding one (until the key is taken again or the server restarts);
+//     max_heap_table_size bounds it (16 MiB, about 50,000 rows, by default).
 package mysqllock
 
 import (
@@ -104,51 +128,83 @@ type Config struct {
 	OnRenewalFailed func(key string, err error)
 }
 
-// Table is the lock table's name. It is created on first use.
-const Table = "oversold_locks"
+// Table is the lease table's name. It and the epoch tables are created on
+// first use.
+const Table = "oversold_leases"
 
 // MaxKeyLen is the longest key, in bytes, the table stores.
 const MaxKeyLen = 255
 
+// seqBits is the width of seq in a token; the epoch is above it.
+const seqBits = 40
+
 // Keys are bytes compared exactly (VARBINARY): a case-insensitive or
 // pad-space collation would merge keys that differ only in case or in
 // trailing spaces. Concurrent CREATE TABLE IF NOT EXISTS is safe: the
-// server serialises it on the table name's metadata lock.
-const createTable = `CREATE TABLE IF NOT EXISTS oversold_locks (
+// server serialises it on the table name's metadata lock. Only the epoch
+// counter is durable (InnoDB); the leases and the boot row are in memory.
+var createTables = []string{
+	`CREATE TABLE IF NOT EXISTS oversold_leases (
 	lock_key   VARBINARY(255)  NOT NULL PRIMARY KEY,
+	seq        BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+	epoch      BIGINT UNSIGNED NOT NULL,
 	owner      CHAR(32) CHARACTER SET ascii NOT NULL,
-	token      BIGINT UNSIGNED NOT NULL,
-	expires_at DATETIME(6)     NOT NULL
-) ENGINE=InnoDB`
+	expires_at DATETIME(6)     NOT NULL,
+	KEY (seq)
+) ENGINE=MEMORY`,
+	`CREATE TABLE IF NOT EXISTS oversold_lock_epochs (
+	id    TINYINT UNSIGNED NOT NULL PRIMARY KEY,
+	epoch BIGINT UNSIGNED  NOT NULL
+) ENGINE=InnoDB`,
+	`INSERT IGNORE INTO oversold_lock_epochs (id, epoch) VALUES (1, 0)`,
+	`CREATE TABLE IF NOT EXISTS oversold_lock_boot (
+	id          TINYINT UNSIGNED NOT NULL PRIMARY KEY,
+	epoch       BIGINT UNSIGNED  NOT NULL,
+	grace_until DATETIME(6)      NOT NULL
+) ENGINE=MEMORY`,
+}
 
-// grab inserts the row or takes over an expired one. The assignments see
-// columns already assigned to their left, so expires_at, which every IF
-// tests, is assigned last. LAST_INSERT_ID(expr) sets the id the server
-// returns with the result, and the last call wins: 1 for a new row (VALUES
-// is evaluated before the duplicate is found), token+1 for a takeover, 0
-// when the row stays someone else's. Parameters are repeated rather than
-// read with VALUES(), which MySQL 8 deprecates.
-// Args: key, owner, ttl µs, owner, ttl µs.
-const grab = `INSERT INTO oversold_locks (lock_key, owner, token, expires_at)
-VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
-ON DUPLICATE KEY UPDATE
-	owner      = IF(expires_at < UTC_TIMESTAMP(6), ?, owner),
-	token      = IF(expires_at < UTC_TIMESTAMP(6), LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)),
-	expires_at = IF(expires_at < UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
+// grab inserts the key's row, stamped with the caller's epoch: the
+// subquery is NULL, which the NOT NULL column refuses (erBadNull), unless
+// the boot row names that epoch and its grace is over. The AUTO_INCREMENT
+// seq comes back as the insert id. A held key's row makes it fail with
+// erDupEntry. Args: key, epoch, owner, ttl µs.
+const grab = `INSERT INTO oversold_leases (lock_key, epoch, owner, expires_at)
+VALUES (?, (SELECT epoch FROM oversold_lock_boot WHERE id = 1 AND epoch = ? AND grace_until <= UTC_TIMESTAMP(6)),
+	?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`
+
+// dropExpired deletes the key's row if its lease ran out. Args: key.
+const dropExpired = `DELETE FROM oversold_leases WHERE lock_key = ? AND expires_at < UTC_TIMESTAMP(6)`
 
 // remaining reads the holder's lease left, in µs (<= 0 or no row: free),
 // and whether the holder holds the key's named lock (queue.go).
 const remaining = `SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), owner LIKE 'q%'
-FROM oversold_locks WHERE lock_key = ?`
+FROM oversold_leases WHERE lock_key = ?`
 
 // renew extends only our own unexpired lease. Args: ttl µs, key, owner.
-const renew = `UPDATE oversold_locks SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+const renew = `UPDATE oversold_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)`
 
-// free gives up our own unexpired lease, keeping the row and its token.
-// Args: key, owner.
-const free = `UPDATE oversold_locks SET owner = '', expires_at = '1970-01-01'
-WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)`
+// free gives up our own unexpired lease. Args: key, owner.
+const free = `DELETE FROM oversold_leases WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)`
+
+// The epoch of this server run (see Token in the package doc).
+const (
+	// readBoot: the run's epoch and the grace left, in µs.
+	readBoot = `SELECT epoch, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), grace_until)
+FROM oversold_lock_boot WHERE id = 1`
+	bumpEpoch = `UPDATE oversold_lock_epochs SET epoch = LAST_INSERT_ID(epoch + 1) WHERE id = 1`
+	// insertBoot records a bumped epoch; the very first (1) has no
+	// lease before it to wait out. Args: epoch, epoch, grace µs.
+	insertBoot = `INSERT IGNORE INTO oversold_lock_boot (id, epoch, grace_until)
+VALUES (1, ?, IF(? = 1, '1970-01-01', UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND))`
+)
+
+// MySQL error numbers the grab expects.
+const (
+	erDupEntry = 1062 // ER_DUP_ENTRY: the key's row exists
+	erBadNull  = 1048 // ER_BAD_NULL_ERROR: our epoch is not the run's (grab)
+)
 
 // Locker grants leases from the lock table in db. It is safe for
 // concurrent use.
@@ -158,6 +214,9 @@ type Locker struct {
 
 	prepMu sync.Mutex
 	stmts  atomic.Pointer[statements] // set by the first Acquire
+
+	epochMu sync.Mutex    // one learnEpoch at a time
+	epoch   atomic.Uint64 // this server run's, as last learned; 0: not yet
 
 	mu         sync.Mutex
 	leases     map[*lease]struct{} // held, so that Close can end their renewals
@@ -171,11 +230,11 @@ type Locker struct {
 // unprepared, go-sql-driver prepares, runs and closes every statement with
 // arguments (unless the DSN sets interpolateParams).
 type statements struct {
-	grab, remaining, renew, free *sql.Stmt
+	grab, dropExpired, remaining, renew, free *sql.Stmt
 }
 
 func (s *statements) close() {
-	for _, stmt := range []*sql.Stmt{s.grab, s.remaining, s.renew, s.free} {
+	for _, stmt := range []*sql.Stmt{s.grab, s.dropExpired, s.remaining, s.renew, s.free} {
 		if stmt != nil {
 			stmt.Close()
 		}
@@ -245,7 +304,7 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (*lease
 		}
 	}
 	poll := l.cfg.MinPoll
-	for {
+	for boots := 0; ; {
 		if qc != nil && !queued {
 			left, holderQueued, err := l.remaining(ctx, key)
 			if err != nil {
@@ -278,6 +337,14 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (*lease
 		owner := newOwner(queued)
 		sent := time.Now()
 		token, err := l.grab(ctx, key, owner)
+		if errors.Is(err, errNoEpoch) && boots < maxBoots {
+			// The server restarted, or another Locker learned of it first.
+			boots++
+			if err := l.learnEpoch(ctx); err != nil {
+				return nil, l.failed(ctx, key, err)
+			}
+			continue
+		}
 		if err != nil {
 			return nil, l.failed(ctx, key, err)
 		}
@@ -337,7 +404,7 @@ func (l *Locker) grab(ctx context.Context, key, owner string) (uint64, error) {
 			delivered = true
 		case <-ctx.Done():
 		}
-		if err != nil || (token != 0 && !delivered) {
+		if (err != nil && !errors.Is(err, errNoEpoch)) || (token != 0 && !delivered) {
 			l.free(ctx, key, owner)
 		}
 	}()
@@ -350,27 +417,114 @@ func (l *Locker) grab(ctx context.Context, key, owner string) (uint64, error) {
 }
 
 // grabOnce runs the grab statement, bounded by TTL/3: a grant confirmed
-// that late still leaves most of its lease.
+// that late still leaves most of its lease. A row whose lease ran out is
+// deleted and the grab tried once more.
 func (l *Locker) grabOnce(ctx context.Context, key, owner string) (uint64, error) {
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.TTL/3)
 	defer cancel()
-	ttl := l.cfg.TTL.Microseconds()
-	res, err := l.stmts.Load().grab.ExecContext(gctx, key, owner, ttl, owner, ttl)
-	var token int64
-	if err == nil {
-		token, err = res.LastInsertId()
+	st := l.stmts.Load()
+	epoch := l.epoch.Load()
+	for try := 0; ; try++ {
+		res, err := st.grab.ExecContext(gctx, key, epoch, owner, l.cfg.TTL.Microseconds())
+		var myErr *mysql.MySQLError
+		switch {
+		case err == nil:
+			seq, err := res.LastInsertId()
+			if err == nil && uint64(seq) >= 1<<seqBits {
+				err = errors.New("2^40 grants in this server run: tokens would overflow into the epoch")
+			}
+			if err != nil {
+				return 0, err
+			}
+			return epoch<<seqBits | uint64(seq), nil
+		case !errors.As(err, &myErr):
+			return 0, err
+		case myErr.Number == erBadNull:
+			return 0, errNoEpoch
+		case myErr.Number != erDupEntry:
+			return 0, err
+		case try > 0:
+			return 0, nil // taken by someone else after we dropped it
+		}
+		res, err = st.dropExpired.ExecContext(gctx, key)
+		if err != nil {
+			return 0, err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return 0, err // held
+		}
 	}
-	var myErr *mysql.MySQLError
-	if errors.As(err, &myErr) && myErr.Number == erDeadlock {
-		return 0, nil // InnoDB rolled the statement back whole: not won, poll on
-	}
-	return uint64(token), err
 }
 
-// erDeadlock is ER_LOCK_DEADLOCK. Concurrent grabs of one row queue on its
-// lock rather than deadlock, but InnoDB asks every client to be ready to
-// retry one, and a wait should not fail for it.
-const erDeadlock = 1213
+// errNoEpoch: the grab's epoch is not this server run's (or the grace
+// after a restart is not over).
+var errNoEpoch = errors.New("epoch unknown")
+
+// maxBoots bounds the epochs one Acquire learns: a server restarting over
+// and over fails it instead of looping.
+const maxBoots = 3
+
+// learnEpoch reads this server run's epoch from the boot row, making the
+// row first if the run has none (package doc, Token), and waits out the
+// grace after a restart.
+func (l *Locker) learnEpoch(ctx context.Context) error {
+	l.epochMu.Lock()
+	epoch, grace, err := l.bootEpoch(ctx)
+	if err == nil {
+		l.epoch.Store(epoch)
+	}
+	l.epochMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("epoch: %w", err)
+	}
+	if grace > 0 {
+		return sleep(ctx, grace)
+	}
+	return nil
+}
+
+// bootEpoch returns the boot row's epoch and the grace left, making the
+// row when missing: the durable bump is committed (flushed) before the
+// row that hands its epoch out exists, and both run on one connection,
+// which a restart in between would have killed.
+func (l *Locker) bootEpoch(ctx context.Context) (uint64, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/3)
+	defer cancel()
+	conn, err := l.db.Conn(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close()
+	read := func() (epoch uint64, grace time.Duration, err error) {
+		var us int64
+		err = conn.QueryRowContext(ctx, readBoot).Scan(&epoch, &us)
+		return epoch, time.Duration(us) * time.Microsecond, err
+	}
+	epoch, grace, err := read()
+	if !errors.Is(err, sql.ErrNoRows) {
+		return epoch, grace, err
+	}
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	res, err := tx.ExecContext(ctx, bumpEpoch)
+	var bumped int64
+	if err == nil {
+		bumped, err = res.LastInsertId()
+	}
+	if err != nil {
+		tx.Rollback()
+		return 0, 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, 0, err
+	}
+	if _, err := conn.ExecContext(ctx, insertBoot, bumped, bumped, l.cfg.TTL.Microseconds()); err != nil {
+		return 0, 0, err
+	}
+	return read() // ours, or a row another Locker made first
+}
 
 // remaining returns how long the key's holder has left (<= 0 when free)
 // and whether it holds the key's named lock.
@@ -433,8 +587,10 @@ func (l *Locker) prepare(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, prepareTimeout)
 	defer cancel()
-	if _, err := l.db.ExecContext(ctx, createTable); err != nil {
-		return fmt.Errorf("create table %s: %w", Table, err)
+	for _, q := range createTables {
+		if _, err := l.db.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("create tables: %w", err)
+		}
 	}
 	var err error
 	prep := func(query string) *sql.Stmt {
@@ -445,7 +601,8 @@ func (l *Locker) prepare(ctx context.Context) error {
 		stmt, err = l.db.PrepareContext(ctx, query)
 		return stmt
 	}
-	st := &statements{grab: prep(grab), remaining: prep(remaining), renew: prep(renew), free: prep(free)}
+	st := &statements{grab: prep(grab), dropExpired: prep(dropExpired), remaining: prep(remaining),
+		renew: prep(renew), free: prep(free)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err == nil && l.closed {

@@ -38,7 +38,7 @@ func TestConformance(t *testing.T) {
 		// over after a pause would: the victim's next renewal matches no row.
 		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
 			err := withDB(ctx, dsn, func(db *sql.DB) error {
-				res, err := db.ExecContext(ctx, `UPDATE oversold_locks
+				res, err := db.ExecContext(ctx, `UPDATE oversold_leases
 					SET owner = 'rival', expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE
 					WHERE lock_key = ? AND expires_at >= UTC_TIMESTAMP(6)`, key)
 				if err != nil {
@@ -51,16 +51,15 @@ func TestConformance(t *testing.T) {
 			})
 			return func(ctx context.Context) error {
 				return withDB(ctx, dsn, func(db *sql.DB) error {
-					_, err := db.ExecContext(ctx, `UPDATE oversold_locks SET owner = '', expires_at = '1970-01-01'
-						WHERE lock_key = ? AND owner = 'rival'`, key)
+					_, err := db.ExecContext(ctx, `DELETE FROM oversold_leases WHERE lock_key = ? AND owner = 'rival'`, key)
 					return err
 				})
 			}, err
 		},
-		// Rows stay after release (they keep the token), so count held ones.
+		// A dead holder's row stays until the key is taken again: count held ones.
 		Leftovers: func(ctx context.Context, key string) (n int, err error) {
 			err = withDB(ctx, dsn, func(db *sql.DB) error {
-				return db.QueryRowContext(ctx, `SELECT COUNT(*) FROM oversold_locks
+				return db.QueryRowContext(ctx, `SELECT COUNT(*) FROM oversold_leases
 					WHERE lock_key = ? AND expires_at >= UTC_TIMESTAMP(6)`, key).Scan(&n)
 			})
 			return n, err

@@ -51,16 +51,15 @@ type queueConn struct {
 	get, rel, free *sql.Stmt
 }
 
-// freeQueued is free (mysqllock.go) that also releases the named lock, after
-// the row is locked and matched and before the statement commits: the waiter
-// it wakes finds the row free, or waits for its row lock, which InnoDB
-// releases before it flushes the commit to disk, so the next grant's commit
-// overlaps this one's flush instead of following it. RELEASE_LOCK returns 1,
-// 0 or NULL, so the condition it adds is always true; when the row does not
-// match, the caller releases the named lock on its own. (RELEASE_LOCK makes
-// the statement unsafe for statement-based binlogs: MIXED logs it by row.)
-// Args: key, owner, name.
-const freeQueued = `UPDATE oversold_locks SET owner = '', expires_at = '1970-01-01'
+// freeQueued is free (mysqllock.go) that also releases the named lock,
+// after the row is matched and before it is deleted: the waiter it wakes
+// sends its grab at once, which waits for the MEMORY table's lock until
+// this statement ends and then finds the row gone. RELEASE_LOCK returns 1,
+// 0 or NULL, so the condition it adds is always true; when the row does
+// not match, the caller releases the named lock on its own. (RELEASE_LOCK
+// makes the statement unsafe for statement-based binlogs: MIXED logs it by
+// row.) Args: key, owner, name.
+const freeQueued = `DELETE FROM oversold_leases
 WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)
 	AND COALESCE(RELEASE_LOCK(?), 0) >= 0`
 
