@@ -23,7 +23,7 @@ func BenchmarkMySQL(b *testing.B) {
 	dsn := testbed.MySQL(b)
 	runServer(b, "mysql", mysqlVersion(b, dsn), []impl{
 		ours("mysql", backends.Config{MySQLDSN: dsn},
-			"lock table row (the lease and the token); waiters block in GET_LOCK on the key's named lock, which the holder releases in the statement that frees the row; renews, fences with a token column"),
+			"lease row in a MEMORY table (no disk write per grant or release); waiters block in GET_LOCK on the key's named lock, which the holder releases in the statement that deletes the row; renews, fences with epoch·2^40 + AUTO_INCREMENT (epoch bumped durably once per server run)"),
 		{
 			name: "get-lock",
 			wait: fmt.Sprintf("GET_LOCK(name, %d): the server wakes the next waiter; one dedicated connection per contender; no lease, no token", getLockWait),
