@@ -18,33 +18,69 @@ import (
 type Group struct {
 	ctx  context.Context // cancelled by Close
 	stop context.CancelFunc
+	// idle hands work to a goroutine that finished its own and waits for
+	// more (unbuffered: a send succeeds only while one waits).
+	idle chan func()
 
 	mu     sync.Mutex
 	closed bool
 	wg     sync.WaitGroup
 }
 
+// linger is how long a goroutine that finished its work waits for more
+// before it ends. A backend runs a request per call on one (so that ctx can
+// end the caller's wait); a new goroutine each time costs its start and the
+// growth of its stack through the client's deep call path, which a reused
+// one has already paid.
+const linger = time.Second
+
 // New returns an open Group.
 func New() *Group {
-	g := &Group{}
+	g := &Group{idle: make(chan func())}
 	g.ctx, g.stop = context.WithCancel(context.Background())
 	return g
 }
 
-// Go runs f on a goroutine that Wait waits for; false, and f not run,
-// after Close.
+// Go runs f on a goroutine that Wait waits for, one that finished its work
+// within the last linger if any waits, else a new one; false, and f not
+// run, after Close.
 func (g *Group) Go(f func()) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
 		return false
 	}
+	select {
+	case g.idle <- f:
+		return true
+	default:
+	}
 	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		f()
-	}()
+	go g.work(f)
 	return true
+}
+
+// work runs f, then the work Go hands it, until it has waited linger for
+// more or the Group closes.
+func (g *Group) work(f func()) {
+	defer g.wg.Done()
+	var t *time.Timer
+	for {
+		f()
+		if t == nil {
+			t = time.NewTimer(linger)
+		} else {
+			t.Reset(linger)
+		}
+		select {
+		case f = <-g.idle:
+		case <-t.C:
+			return
+		case <-g.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
 }
 
 // Context is cancelled by Close: the context of the work that ends with
@@ -65,7 +101,8 @@ func (g *Group) Close() {
 	g.stop()
 }
 
-// Wait waits for the work under way.
+// Wait waits for the work under way and, after Close, for the goroutines
+// that waited for more.
 func (g *Group) Wait() { g.wg.Wait() }
 
 // Sleep waits d; false if ctx ended or the Group closed meanwhile.

@@ -2,6 +2,8 @@ package background
 
 import (
 	"context"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -63,4 +65,52 @@ func TestBackoff(t *testing.T) {
 			}
 		}
 	}
+}
+
+// goid is the running goroutine's id, from its stack header.
+func goid() string {
+	var b [64]byte
+	f := strings.Fields(string(b[:runtime.Stack(b[:], false)]))
+	return f[1] // "goroutine N [running]:"
+}
+
+// Work handed over one piece at a time runs on a goroutine that finished
+// the last one: a new goroutine per piece would pay its start and stack
+// growth each time.
+func TestGoReusesAFinishedGoroutine(t *testing.T) {
+	g := New()
+	defer g.Wait()
+	defer g.Close()
+	const n = 20
+	ids := map[string]bool{}
+	for range n {
+		done := make(chan string)
+		if !g.Go(func() { done <- goid() }) {
+			t.Fatal("Go refused on an open group")
+		}
+		ids[<-done] = true
+		time.Sleep(time.Millisecond) // lets it reach its wait for more
+	}
+	if len(ids) > n/2 {
+		t.Errorf("%d pieces of work ran on %d goroutines, want them reused", n, len(ids))
+	}
+}
+
+// A goroutine with nothing more to do ends by itself after linger, and at
+// once when the Group closes: Wait returns.
+func TestIdleGoroutineEnds(t *testing.T) {
+	before := runtime.NumGoroutine()
+	g := New()
+	defer g.Close()
+	g.Go(func() {})
+	deadline := time.Now().Add(linger + 5*time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines %v after the work ended, want %d", n, linger+5*time.Second, before)
+	}
+	g.Go(func() {})
+	g.Close()
+	g.Wait() // hangs past the test timeout if Close left it waiting
 }
