@@ -83,6 +83,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -152,8 +153,8 @@ type Locker struct {
 	sharded  string          // "s" on a Cluster: wake-ups by SPUBLISH
 
 	mu      sync.Mutex
-	shards  map[string]*waitq.Notifier // per Cluster master address
-	leases  map[*lease]struct{}        // live leases, ended by Close
+	shards  map[*redis.Client]*waitq.Notifier // per Cluster master's node client
+	leases  map[*lease]struct{}               // live leases, ended by Close
 	closed  bool
 	closing chan struct{}
 }
@@ -167,7 +168,7 @@ func New(client redis.UniversalClient, cfg Config) *Locker {
 		id:      waitq.NewOwner()[:16],
 		ttl:     strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
 		life:    strconv.FormatInt(cfg.queueLife().Milliseconds(), 10),
-		shards:  make(map[string]*waitq.Notifier),
+		shards:  make(map[*redis.Client]*waitq.Notifier),
 		leases:  make(map[*lease]struct{}),
 		closing: make(chan struct{}),
 	}
@@ -184,21 +185,32 @@ func New(client redis.UniversalClient, cfg Config) *Locker {
 // connection per master, that of the master serving the lock's slot now
 // (a failover moves the slot, and later waits use the new master's). It
 // looks up the master (which may reload the slot map) before taking l.mu.
+//
+// A shard's Notifier lives on go-redis's client of that node, and is
+// cached per client, not per address: go-redis closes a node's client a
+// minute after the node left the slot map, and a master back at the same
+// address later (a failback) gets a new client. The Notifier of a closed
+// client ends by itself (waitq.Notifier.Closed); the next wait takes a new
+// one. On a closed Locker it returns ErrClosed, under l.mu, so that Close
+// closes every Notifier ever made.
 func (l *Locker) notifierFor(ctx context.Context, n waitq.Names) (*waitq.Notifier, error) {
 	if l.notifier != nil {
 		return l.notifier, nil
 	}
 	master, err := l.client.(*redis.ClusterClient).MasterForKey(ctx, n.Lock)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
 	}
-	addr := master.Options().Addr
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	nt := l.shards[addr]
-	if nt == nil {
+	if l.closed {
+		return nil, ErrClosed
+	}
+	nt := l.shards[master]
+	if nt == nil || nt.Closed() {
+		maps.DeleteFunc(l.shards, func(_ *redis.Client, nt *waitq.Notifier) bool { return nt.Closed() })
 		nt = waitq.NewShardNotifier(master)
-		l.shards[addr] = nt
+		l.shards[master] = nt
 	}
 	return nt, nil
 }
@@ -208,27 +220,47 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	if err := waitq.CheckKey(key); err != nil {
 		return nil, err
 	}
+	if isClosed(l.closing) {
+		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
+	}
 	n := waitq.NamesOf(l.cfg.Prefix, key)
 	owner := waitq.NewOwner()
 	member := waitq.Member(l.id, owner) // our place in the queue
 	nt, err := l.notifierFor(ctx, n)
 	if err != nil {
-		return nil, fmt.Errorf("acquire %q: %w: %w", key, locking.ErrUnavailable, err)
+		return nil, fmt.Errorf("acquire %q: %w", key, err)
 	}
 	w := waitq.NewWaiter([]*waitq.Notifier{nt}, n.Wake+l.id, member)
-	defer w.Stop()
+	defer func() { w.Stop() }()
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
 			timer.Stop()
 		}
 	}()
+	repick := false // the last wait ended with no wake-up
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			if attempt > 0 { // queued by the last try
 				l.undo(ctx, n, owner, member)
 			}
 			return nil, fmt.Errorf("acquire %q: %w", key, err)
+		}
+		if repick || nt.Closed() {
+			// On a Cluster the slot may have moved to another master, or
+			// the Notifier ended with its node client: listen where the
+			// wake-ups are published now, before the try.
+			next, err := l.notifierFor(ctx, n)
+			if err != nil {
+				l.undo(ctx, n, owner, member)
+				return nil, fmt.Errorf("acquire %q: %w", key, err)
+			}
+			if next != nt {
+				w.Stop()
+				nt = next
+				w = waitq.NewWaiter([]*waitq.Notifier{nt}, n.Wake+l.id, member)
+			}
+			repick = false
 		}
 		sent := time.Now()
 		token, wait, err := l.try(ctx, n, owner, member)
@@ -259,6 +291,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		select {
 		case <-woken:
 		case <-timer.C:
+			repick = true
 		case <-ctx.Done():
 			l.undo(ctx, n, owner, member)
 			return nil, fmt.Errorf("acquire %q: %w", key, ctx.Err())
@@ -372,6 +405,15 @@ func (l *Locker) Close() error {
 		return fmt.Errorf("close redis lock: %w", err)
 	}
 	return nil
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 func (l *Locker) forget(s *lease) {

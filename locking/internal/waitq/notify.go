@@ -291,15 +291,7 @@ func (n *Notifier) Close() error {
 		n.mu.Unlock()
 		return nil
 	}
-	n.closed = true
-	close(n.quit)
-	for _, t := range n.topics {
-		if t.idle != nil {
-			t.idle.Stop()
-		}
-		closeOnce(t.ready)
-		t.wakeAll()
-	}
+	n.end()
 	ps, done, wrote := n.ps, n.done, n.wrote
 	n.mu.Unlock()
 	if ps == nil {
@@ -321,6 +313,38 @@ func (n *Notifier) Close() error {
 	case <-time.After(closeWait):
 		return nil
 	}
+}
+
+// end marks the Notifier closed, ending every watch; n.mu is held.
+func (n *Notifier) end() {
+	n.closed = true
+	close(n.quit)
+	for _, t := range n.topics {
+		if t.idle != nil {
+			t.idle.Stop()
+		}
+		closeOnce(t.ready)
+		t.wakeAll()
+	}
+}
+
+// Closed tells whether the Notifier has ended: closed by Close, or by
+// itself because its client was closed (go-redis closes the client of a
+// Cluster node that left the slot map). A closed Notifier wakes nobody
+// again: its users take another one.
+func (n *Notifier) Closed() bool { return isClosed(n.quit) }
+
+// clientClosed ends the Notifier when ps, its current connection, failed
+// because the client is closed: no new connection can come from it, and
+// restarting would spin until Close.
+func (n *Notifier) clientClosed(ps *redis.PubSub) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed || n.ps != ps { // Close, or a restart, closed ps: not the client
+		return
+	}
+	n.end()
+	_ = ps.Close()
 }
 
 // receive reads the connection until Close, starting over on a new
@@ -346,8 +370,10 @@ func (n *Notifier) receive() {
 			ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 			_ = ps.Ping(ctx)
 			cancel()
+		case errors.Is(err, redis.ErrClosed):
+			n.clientClosed(ps) // the loop ends at the top, closed
 		default:
-			// Broken, closed, or silent even after a ping. Back off from
+			// Broken, or silent even after a ping. Back off from
 			// the second failure in a row: the server may be down.
 			if failures++; failures > 1 {
 				d := min(time.Second, 50*time.Millisecond<<min(failures, 5))

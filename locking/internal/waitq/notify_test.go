@@ -41,6 +41,42 @@ func TestNotifierResubscribes(t *testing.T) {
 	waitFor(t, "message on the new connection", wake)
 }
 
+// A Notifier whose client is closed (go-redis closes a Cluster node's
+// client a minute after the node left the slot map) ends by itself: it
+// wakes its watchers, reports Closed so that its users take another one,
+// and leaves no goroutine or connection behind, instead of redialing on
+// the closed client for as long as the process lives.
+func TestNotifierEndsWithItsClient(t *testing.T) {
+	addr := testbed.Redis(t)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	n := waitq.NewNotifier(c)
+	t.Cleanup(func() { n.Close() }) // runs after the leak check: it must not be needed
+	noLeaks(t)
+	wake := make(chan struct{}, 1)
+	w := n.Watch("ch", wake)
+	defer w.Stop()
+	waitFor(t, "subscription", w.Ready())
+	if err := c.Publish(t.Context(), "ch", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "message", wake)
+
+	c.Close()
+	waitFor(t, "wake-up when the client closed", wake)
+	deadline := time.Now().Add(10 * time.Second)
+	for !n.Closed() {
+		if time.Now().After(deadline) {
+			t.Fatal("the Notifier goes on over a closed client")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select { // and it opens nothing again
+	case <-n.Watch("other", make(chan struct{}, 1)).Ready():
+	default:
+		t.Fatal("a watch on the closed Notifier waits for a subscription")
+	}
+}
+
 // The Notifier's lock guards state every Acquire needs; the connection's
 // dial and writes happen outside it. With the dial hanging, a Watch, a Join
 // and a Stop on other channels still return at once.
