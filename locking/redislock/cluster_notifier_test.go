@@ -201,3 +201,114 @@ func waitShardChannels(t *testing.T, ctx context.Context, master *redis.Client, 
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A master that leaves the Cluster client's slot map for over a minute
+// has its node client closed by go-redis; back at the same address (a
+// failback) it gets a new client. Waits on its slots must then be woken by
+// SPUBLISH again, through a Notifier on the new client: the one cached on
+// the closed client hears nothing (review 3 F5). The test takes a minute
+// and more, go-redis's delay before it closes a node's client. The master
+// leaves and comes back only in the waiter's slot map (ClusterOptions.
+// ClusterSlots names it by another address meanwhile); the server is real
+// and stays up.
+func TestClusterNotifierFollowsNodeClient(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits a minute for go-redis to close a node's client")
+	}
+	addrs := testbed.RedisCluster(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	key := testbed.Prefix(t)
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer admin.Close()
+	real, err := admin.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := admin.MasterForKey(ctx, "lock:{"+key+"}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := redis.NewClient(&redis.Options{Addr: m.Options().Addr})
+	defer master.Close()
+	_, port, _ := strings.Cut(m.Options().Addr, ":")
+
+	var (
+		mu   sync.Mutex
+		away bool // the master is named localhost:port, not by its address
+	)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true, ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make([]redis.ClusterSlot, len(real))
+		for i, s := range real {
+			out[i] = redis.ClusterSlot{Start: s.Start, End: s.End, Nodes: append([]redis.ClusterNode(nil), s.Nodes...)}
+			if away && strings.HasSuffix(s.Nodes[0].Addr, ":"+port) {
+				out[i].Nodes[0].Addr = "localhost:" + port
+			}
+		}
+		return out, nil
+	}})
+	defer cc.Close()
+	waiter := redislock.New(cc, slowFallback)
+	defer waiter.Close()
+	holder := newLocker(t, strings.Join(addrs, ","), slowFallback)
+
+	nodeClient := func() *redis.Client {
+		c, err := cc.MasterForKey(ctx, "lock:{"+key+"}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	// handoff has the waiter queue behind the holder, waits until it is
+	// subscribed on the master, releases, and requires a prompt wake-up.
+	handoff := func(round string) {
+		lease, err := holder.Acquire(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := acquireLater(t, ctx, waiter, key)
+		waitShardChannels(t, ctx, master, "lock:{"+key+"}:wake:*", 1, round+": the waiter's subscription on the master")
+		released := time.Now()
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case at := <-got:
+			t.Logf("%s: woken %v after the release", round, at.Sub(released).Round(time.Microsecond))
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the waiter was not woken within 5 s of the release", round)
+		}
+	}
+	// rename moves the master in the waiter's slot map and waits until its
+	// client follows.
+	rename := func(gone bool, moved func(*redis.Client) bool) {
+		mu.Lock()
+		away = gone
+		mu.Unlock()
+		deadline := time.Now().Add(10 * time.Second)
+		for cc.ReloadState(ctx); !moved(nodeClient()); cc.ReloadState(ctx) {
+			if time.Now().After(deadline) {
+				t.Fatal("the slot map did not change in 10 s")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	first := nodeClient()
+	handoff("before")
+	rename(true, func(c *redis.Client) bool { return c != first })
+	t.Log("master out of the slot map; waiting for go-redis to close its client")
+	for first.Ping(ctx).Err() != redis.ErrClosed {
+		if ctx.Err() != nil {
+			t.Fatal("go-redis did not close the client of a node out of the slot map")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	rename(false, func(c *redis.Client) bool { return c.Options().Addr == first.Options().Addr })
+	if nodeClient() == first {
+		t.Fatal("the master back at its address has its closed client")
+	}
+	handoff("back at its address, new client")
+}
