@@ -220,8 +220,10 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	if err := waitq.CheckKey(key); err != nil {
 		return nil, err
 	}
-	if isClosed(l.closing) {
+	select {
+	case <-l.closing:
 		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
+	default:
 	}
 	n := waitq.NamesOf(l.cfg.Prefix, key)
 	owner := waitq.NewOwner()
@@ -405,15 +407,6 @@ func (l *Locker) Close() error {
 		return fmt.Errorf("close redis lock: %w", err)
 	}
 	return nil
-}
-
-func isClosed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }
 
 func (l *Locker) forget(s *lease) {
