@@ -283,6 +283,10 @@ func hot(b *testing.B, p *pool, n int) {
 		// only and read by the next holder, so the lock orders them.
 		relStart atomic.Int64
 		relBy    atomic.Int64
+		// retakes counts acquisitions whose acquirer was also the previous
+		// holder: a barging lock's acq/s is mostly these, while a fair
+		// queue hands every release to another contender.
+		retakes  atomic.Int64
 		errOnce  sync.Once
 		firstErr error
 	)
@@ -314,8 +318,12 @@ func hot(b *testing.B, p *pool, n int) {
 				if holders.Add(1) != 1 {
 					overlaps.Add(1)
 				}
-				if prev := relStart.Load(); prev >= 0 && relBy.Load() != int64(i) {
-					handoffs[i] = append(handoffs[i], time.Duration(t1-prev))
+				if prev := relStart.Load(); prev >= 0 {
+					if relBy.Load() != int64(i) {
+						handoffs[i] = append(handoffs[i], time.Duration(t1-prev))
+					} else {
+						retakes.Add(1)
+					}
 				}
 				waits[i] = append(waits[i], time.Duration(t1-t0))
 				time.Sleep(hold)
@@ -350,6 +358,11 @@ func hot(b *testing.B, p *pool, n int) {
 		b.ReportMetric(ms(percentile(all, 0.99)), "handoff-p99-ms")
 	}
 	b.ReportMetric(ms(percentile(allWaits, 0.99)), "wait-p99-ms")
+	// Of the acquisitions after the first, the share that went back to
+	// the contender that had just released (100 with one contender).
+	if total > 1 {
+		b.ReportMetric(100*float64(retakes.Load())/float64(total-1), "retake-%")
+	}
 }
 
 // percentile is the nearest-rank percentile of d (sorted in place).

@@ -36,6 +36,9 @@ const (
 	handoffP50 = "handoff-p50-ms"
 	handoffP99 = "handoff-p99-ms"
 	waitP99    = "wait-p99-ms"
+	// retake is the share of acquisitions (after the first) that went back
+	// to the contender that had just released, in percent.
+	retake = "retake-%"
 )
 
 const ours = "ours"
@@ -334,8 +337,9 @@ func (r *report) write(w io.Writer) {
 	}
 	fmt.Fprintf(w, "Every ratio reads > 1 when ours is better: acq/s is ours ÷ best peer, "+
 		"handoff (one holder's Release called to another contender's Acquire returned) is best peer ÷ ours. "+
-		"acq/s counts a releaser taking the lock straight back, which sleep-and-retry waiters let it do; "+
-		"wait p99 (one Acquire call) shows what that costs them.\n")
+		"acq/s counts a releaser taking the lock straight back, which sleep-and-retry waiters let it do: "+
+		"retake %% is the share of acquisitions that went to the contender that had just released (a fair queue hands each release to another; "+
+		"100 at hot-1), and wait p99 (one Acquire call) shows what barging costs the waiters.\n")
 	for _, s := range r.servers {
 		if len(s.workloads) == 0 {
 			continue
@@ -358,16 +362,18 @@ func (r *report) write(w io.Writer) {
 			row(w, cells...)
 		}
 		fmt.Fprintln(w)
-		row(w, "workload", "implementation", "acq/s", "handoff p50 ms", "handoff p99 ms", "wait p99 ms")
-		row(w, "---", "---", "---:", "---:", "---:", "---:")
+		row(w, "workload", "implementation", "acq/s", "handoff p50 ms", "handoff p99 ms", "wait p99 ms", "retake %")
+		row(w, "---", "---", "---:", "---:", "---:", "---:", "---:")
 		for _, wl := range s.workloads {
 			for _, im := range s.impls {
 				if len(s.runs[wl][im]) == 0 {
 					continue
 				}
 				cells := []string{wl, im}
-				for _, u := range []string{acqPerSec, handoffP50, handoffP99, waitP99} {
-					if v, ok := s.value(wl, im, u); ok {
+				for _, u := range []string{acqPerSec, handoffP50, handoffP99, waitP99, retake} {
+					if v, ok := s.value(wl, im, u); ok && u == retake {
+						cells = append(cells, strconv.FormatFloat(v, 'f', 0, 64))
+					} else if ok {
 						cells = append(cells, num(v))
 					} else {
 						cells = append(cells, "—")
