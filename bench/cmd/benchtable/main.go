@@ -79,8 +79,9 @@ var (
 	nameOnly  = regexp.MustCompile(`^(Benchmark\S+)\s`)
 	figures   = regexp.MustCompile(`^\s*(\d+\s+[-+.eE\d]+ \S+.*)$`)
 	procsTail = regexp.MustCompile(`-\d+$`)
-	// go test's marks of a failed run.
-	failed = regexp.MustCompile(`^(--- FAIL|FAIL\b|panic: )`)
+	// go test's marks of a failed run (a sub-benchmark's failure may
+	// follow the name of the result line it began).
+	failed = regexp.MustCompile(`^(.*\s)?--- FAIL|^(FAIL\b|panic: )`)
 )
 
 // parse reads benchmark output. Lines it does not know are skipped.

@@ -131,6 +131,9 @@ func TestWrite(t *testing.T) {
 func TestFailedRunRefused(t *testing.T) {
 	for _, tail := range []string{
 		"--- FAIL: BenchmarkRedis/hot-8/ours\n    harness_test.go:250: acquire: boom\n",
+		// A run of -count 3 failing: go test prints the failure after the
+		// name it had started the result line with.
+		"BenchmarkRedlock/hot-32/ours-2   \t--- FAIL: BenchmarkRedlock/hot-32/ours-2\n    harness_test.go:347: acquire: no majority\n",
 		"FAIL\tgithub.com/oversold-lab/oversold/bench\t3.2s\n",
 		"panic: test timed out after 10m0s\n",
 	} {
