@@ -25,9 +25,14 @@ import (
 const bsmRetry = 100 * time.Millisecond
 
 // redisClient is how every implementation on Redis gets its client: go-redis
-// defaults, like ours gets from internal/redisconn.
-func redisClient(addr string) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: addr})
+// defaults, like ours gets from internal/redisconn; hooks (TestRoundTrips's
+// counter) are added to it.
+func redisClient(addr string, hooks ...redis.Hook) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	for _, h := range hooks {
+		c.AddHook(h)
+	}
+	return c
 }
 
 func BenchmarkRedis(b *testing.B) {
@@ -36,18 +41,18 @@ func BenchmarkRedis(b *testing.B) {
 		ours("redis", backends.Config{RedisAddr: addr},
 			"pub/sub: a release wakes one waiter, the first in a queue kept in Redis; fallback jittered backoff 5 ms-1 s capped by the holder's TTL; renews and fences"),
 		bsmRedislock(addr),
-		redsyncImpl(addr),
+		redsyncImpl([]string{addr}),
 	})
 }
 
 // bsmRedislock is the peer github.com/bsm/redislock, which has no blocking
 // acquisition: Obtain retries on the strategy its caller gives.
-func bsmRedislock(addr string) impl {
+func bsmRedislock(addr string, hooks ...redis.Hook) impl {
 	return impl{
 		name: "bsm-redislock",
 		wait: fmt.Sprintf("retries every %v (LinearBackoff, its README example) until the ctx deadline", bsmRetry),
 		open: func(ctx context.Context) (*contender, error) {
-			client := redisClient(addr)
+			client := redisClient(addr, hooks...)
 			locker := bsm.New(client)
 			opts := &bsm.Options{RetryStrategy: bsm.LinearBackoff(bsmRetry)}
 			return &contender{
@@ -69,7 +74,7 @@ func BenchmarkRedlock(b *testing.B) {
 	runServer(b, "redlock", redisVersion(b, addrs[0])+" x3", []impl{
 		ours("redlock", backends.Config{RedlockAddrs: addrs},
 			"pub/sub: a release wakes the first waiter in each node's queue (mostly the same one); fallback jittered backoff 5 ms-1 s capped by the keys' TTL; renews"),
-		redsyncImpl(addrs...),
+		redsyncImpl(addrs),
 	})
 }
 
@@ -77,7 +82,7 @@ func BenchmarkRedlock(b *testing.B) {
 // between tries, drift factor 0.01), its expiry set to the common TTL, and
 // tries unlimited instead of 32: a hot key's waiter would otherwise give up
 // after about 5 s, and the wait is bounded by the ctx deadline instead.
-func redsyncImpl(addrs ...string) impl {
+func redsyncImpl(addrs []string, hooks ...redis.Hook) impl {
 	return impl{
 		name: "redsync",
 		wait: "sleeps a random 50-250 ms between tries (its default); WithTries unlimited instead of 32, bounded by the ctx deadline",
@@ -87,7 +92,7 @@ func redsyncImpl(addrs ...string) impl {
 				clients []*redis.Client
 			)
 			for _, a := range addrs {
-				c := redisClient(a)
+				c := redisClient(a, hooks...)
 				clients = append(clients, c)
 				pools = append(pools, goredis.NewPool(c))
 			}
