@@ -38,6 +38,9 @@ type Keepalive struct {
 
 // RenewFunc extends the lease on the server for another ttl. It returns
 // ErrNotHeld when the server no longer knows this lease as its owner's.
+// ctx ends at the lease's validity and is cancelled as soon as the renewal
+// returns: requests a renewal leaves to finish after it (redlock's slower
+// nodes) run on context.WithoutCancel(ctx), bounded by ctx's deadline.
 type RenewFunc func(ctx context.Context) error
 
 // Drift is the safety margin subtracted from a lease's validity: 1% of the

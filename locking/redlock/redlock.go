@@ -17,11 +17,15 @@
 // Every request returns as soon as the answers in settle it (a majority
 // said yes, or too many refused for one to); the nodes yet to answer are
 // not waited for, and their requests end in the background at their
-// timeout (or at Close). A black-holed minority thus costs an Acquire or a
-// Release nothing. A request that undoes or ends an attempt on a node goes
-// there only after the attempt's own request there has ended: sent on
-// another connection, it could otherwise overtake it and leave the key (or
-// the waiter's place) behind for a TTL.
+// timeout (or at Close); a renewal's finish within the validity, so the
+// slower nodes are renewed too. A black-holed minority thus costs an
+// Acquire or a Release nothing. A request that undoes or ends an attempt on
+// a node goes there only after the attempt's own request there has ended,
+// with its own time counted from then: sent on another connection, it
+// could otherwise overtake it and leave the key (or the waiter's place)
+// behind for a TTL. That orders them as the client sees them end; a
+// network that holds back one connection's bytes past another's can still
+// reorder them, and the key stays for a TTL.
 //
 // Waiting is by notification, with the redis backend's fair queue
 // (locking/internal/waitq) on every node: a refused try also queues the
@@ -229,7 +233,8 @@ type vote struct {
 type request struct {
 	ctx  context.Context // the caller's: ask returns when it ends
 	base context.Context // the requests', each bounded by timeout and Close
-	// timeout bounds each node's request, counted from the call to ask.
+	// timeout bounds each node's request, counted from the call to ask,
+	// or from the end of the earlier request there (after).
 	timeout time.Duration
 	only    func(i int) bool // nil: every node
 	// after, if set, holds per node a channel closed once an earlier
@@ -277,18 +282,21 @@ func (l *Locker) ask(r request) (votes []vote, done []<-chan struct{}) {
 		votes[i] = vote{err: fmt.Errorf("node %d: %w", i, errNoAnswer)}
 		ended := make(chan struct{})
 		done[i] = ended
-		ctx, cancel := context.WithTimeout(r.base, r.timeout)
-		stop := context.AfterFunc(l.stop, cancel)
 		go func() {
 			defer close(ended)
-			defer cancel()
-			defer stop()
 			if r.after != nil && r.after[i] != nil {
+				// The earlier request ends at its own timeout: the wait
+				// is bounded, and this request's time starts after it.
 				select {
 				case <-r.after[i]:
-				case <-ctx.Done():
+				case <-r.base.Done():
+				case <-l.stop.Done():
 				}
 			}
+			ctx, cancel := context.WithTimeout(r.base, r.timeout)
+			defer cancel()
+			stop := context.AfterFunc(l.stop, cancel)
+			defer stop()
 			v := vote{err: ctx.Err()}
 			if v.err == nil {
 				v = r.do(ctx, nd.client)
@@ -674,22 +682,27 @@ func acquireVote(res []any, err error) vote {
 
 // undo deletes owner's key from the nodes that did not refuse an attempt
 // (votes), each after the attempt's own request there (done), in the
-// background, on a fresh context, each node bounded by the per-node
-// timeout: a node that is not reached keeps the key for one TTL. It wakes
-// nobody: after a split vote the contenders retry by themselves, and a lock
-// held elsewhere is not free.
+// background, on a fresh context. Each node's request is bounded by the
+// TTL, counted from the end of the attempt's request there, as Release's
+// are: nobody waits for it, and a node stalled past the per-node timeout
+// (an fsync, a fork) executes the attempt's request when it resumes, so
+// the undo must still come after it (review 3, F6); a node not reached
+// within a TTL keeps the key for one TTL. It wakes nobody: after a split
+// vote the contenders retry by themselves, and a lock held elsewhere is
+// not free.
 func (l *Locker) undo(ctx context.Context, n waitq.Names, owner string, votes []vote, done []<-chan struct{}) {
-	l.release(ctx, context.WithoutCancel(ctx), l.cfg.NodeTimeout, done, n, owner, "", false, always,
+	l.release(ctx, context.WithoutCancel(ctx), l.cfg.TTL, done, n, owner, "", false, always,
 		func(i int) bool { return votes[i].yes || votes[i].err != nil })
 }
 
 // leave ends a wait that did not get the lock: in the background, on a
-// fresh context, after the wait's acquire requests (sent), it deletes
-// owner's key where it is still owner's, takes member out of every queue,
-// and wakes the next waiter where the lock is free (the wake-up of the last
-// release may have come to us). What it cannot reach expires.
+// fresh context, after the wait's acquire requests (sent), each node
+// bounded as undo's, it deletes owner's key where it is still owner's,
+// takes member out of every queue, and wakes the next waiter where the
+// lock is free (the wake-up of the last release may have come to us). What
+// it cannot reach expires.
 func (l *Locker) leave(ctx context.Context, n waitq.Names, owner, member string, sent []<-chan struct{}) {
-	l.release(ctx, context.WithoutCancel(ctx), l.cfg.NodeTimeout, sent, n, owner, member, true, always, nil)
+	l.release(ctx, context.WithoutCancel(ctx), l.cfg.TTL, sent, n, owner, member, true, always, nil)
 }
 
 // always decides at once: the requests go on in the background.
@@ -784,10 +797,20 @@ func (s *lease) Lost() <-chan struct{} { return s.ka.Lost() }
 
 // renew extends the key on every node where it is still the lease's. It
 // succeeds only when a majority confirms within ctx, which the watchdog
-// bounds by the current validity.
+// bounds by the current validity. The nodes that answer after the majority
+// are still renewed: their requests go on in the background, free of ctx's
+// end (the watchdog cancels it once renew returns) but bounded by its
+// deadline, since a renewal past the validity is worthless. Cut off with
+// the majority's answer, a request still waiting for a connection would
+// never be sent, that node's key would expire at the TTL, and one more
+// slow node later would lose the lease (review 3, F7).
 func (s *lease) renew(ctx context.Context) error {
 	l := s.l
-	votes, _ := l.ask(request{ctx: ctx, base: ctx, timeout: l.cfg.NodeTimeout, decided: l.confirmed, do: func(ctx context.Context, c redis.UniversalClient) vote {
+	timeout := l.cfg.NodeTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(deadline))
+	}
+	votes, _ := l.ask(request{ctx: ctx, base: context.WithoutCancel(ctx), timeout: timeout, decided: l.confirmed, do: func(ctx context.Context, c redis.UniversalClient) vote {
 		ok, err := scripts.Renew.Run(ctx, c, []string{s.names.Lock}, s.owner, l.ttl).Bool()
 		return vote{yes: ok, err: err}
 	}})

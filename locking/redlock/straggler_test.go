@@ -1,0 +1,226 @@
+package redlock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oversold-lab/oversold/internal/redisconn"
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/redlock"
+)
+
+// An attempt abandoned while a node is stalled past the per-node timeout
+// must not leave its key or its waiter's place on that node: the undo and
+// the leave that end it are sent once the node's acquire request has ended,
+// and they get their own time from then (review 3, F6). Node 1 holds
+// another owner's key (a "no"), node 2 is stopped for 250 ms (an fsync or
+// fork stall), and one Acquire gives up after 60 ms: before the fix the
+// undo and leave spent their timeout waiting behind the acquire request and
+// were never sent, and node 2 kept the abandoned key for a TTL and the
+// departed waiter as its head. Both kinds of client: one that ignores ctx
+// deadlines on the socket (the acquire request then ends only when node 2
+// answers) and one that honours them, as orderd's do (it is cut at 60 ms,
+// and the undo needs a new connection, answered only once node 2 resumes).
+func TestAbandonedAttemptLeavesNothing(t *testing.T) {
+	if cmd := testbed.Missing(testbed.KindRedis); cmd != "" {
+		t.Skip(cmd)
+	}
+	var (
+		servers []*testbed.Server
+		addrs   []string
+	)
+	for range 3 {
+		s, err := testbed.StartRedis(t.Context(), testbed.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Stop() })
+		servers, addrs = append(servers, s), append(addrs, s.Addr)
+	}
+	admins := clients(t, addrs)
+	for _, tc := range []struct {
+		name string
+		open func(addr string) redis.UniversalClient
+	}{
+		{"socket-timeouts", func(addr string) redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: addr}) }},
+		{"ctx-deadlines", func(addr string) redis.UniversalClient {
+			o, err := redisconn.Options(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// One idle connection: the acquire request's, closed when its
+			// ctx ends, so the undo has to dial.
+			o.MaxIdleConns = 1
+			return redis.NewUniversalClient(o)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cs []redis.UniversalClient
+			for _, a := range addrs {
+				c := tc.open(a)
+				t.Cleanup(func() { c.Close() })
+				cs = append(cs, c)
+			}
+			// TTL 4 s: a per-node timeout of 100 ms.
+			l, err := redlock.New(cs, redlock.Config{TTL: 4 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			warm, err := l.Acquire(t.Context(), "warm-"+tc.name) // scripts loaded, connections open
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := warm.Release(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			key := "abandoned-" + tc.name
+			lock := "lock:{" + key + "}"
+			if err := admins[1].Set(t.Context(), lock, "rival", time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := servers[2].Pause(); err != nil {
+				t.Fatal(err)
+			}
+			resumed := make(chan error, 1)
+			time.AfterFunc(250*time.Millisecond, func() { resumed <- servers[2].Resume() })
+			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Millisecond)
+			lease, err := l.Acquire(ctx, key)
+			cancel()
+			if err == nil {
+				lease.Release(t.Context())
+				t.Fatal("Acquire got the lock with node 1 held by another owner and node 2 stopped")
+			}
+			if err := <-resumed; err != nil {
+				t.Fatal(err)
+			}
+			// Well within the TTL: a key left behind would still be there.
+			deadline := time.Now().Add(2 * time.Second)
+			for _, i := range []int{0, 2} {
+				for {
+					left := leftOn(t, admins[i], lock)
+					if left == "" {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("node %d, 2 s after node 2 resumed: %s", i, left)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+		})
+	}
+}
+
+// leftOn describes what a lock key has on one node besides another owner's
+// "rival" key: an owner's key, queued or live waiters; "" if nothing.
+func leftOn(t *testing.T, c redis.UniversalClient, lock string) string {
+	t.Helper()
+	owner, err := c.Get(t.Context(), lock).Result()
+	if err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	if owner == "rival" {
+		owner = ""
+	}
+	var left string
+	if owner != "" {
+		pttl, _ := c.PTTL(t.Context(), lock).Result()
+		left = "stray key of an abandoned attempt, PTTL " + pttl.String()
+	}
+	for _, set := range []string{":waiters", ":alive"} {
+		if n, err := c.ZCard(t.Context(), lock+set).Result(); err != nil {
+			t.Fatal(err)
+		} else if n > 0 {
+			left += " " + set + " keeps a departed waiter"
+		}
+	}
+	return left
+}
+
+// A renewal renews every node it can reach, not just the majority that
+// answers first: the requests to slower nodes finish in the background
+// (bounded by the validity), and are not cut off when renew returns (review
+// 3, F7). Node 2 is 20 ms away and its client's idle connections go stale
+// (as after a reset): each renewal there dials and handshakes first, so a
+// request cancelled with the majority's answer is never written, and node
+// 2's key would expire at the TTL while the lease lives on.
+func TestRenewalReachesSlowerNode(t *testing.T) {
+	addrs := testbed.Redises(t, 3)
+	paths, proxies := proxied(t, addrs)
+	if err := proxies[2].Latency(20 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	var cs []redis.UniversalClient
+	for _, a := range paths {
+		o, err := redisconn.Options(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.ConnMaxIdleTime = 50 * time.Millisecond
+		c := redis.NewUniversalClient(o)
+		t.Cleanup(func() { c.Close() })
+		cs = append(cs, c)
+	}
+	// A per-node timeout far above node 2's 80 ms (two round trips) even
+	// on a loaded machine.
+	const ttl = 3 * time.Second
+	l, err := redlock.New(cs, redlock.Config{TTL: ttl, NodeTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	admins := clients(t, addrs)
+	lease, err := l.Acquire(t.Context(), "renewed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	const lock = "lock:{renewed}"
+	pttl := func(i int) time.Duration {
+		d, err := admins[i].PTTL(t.Context(), lock).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	// Node 2's acquire answered after the majority's: wait for its key.
+	for pttl(2) < 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	before, read := pttl(2), time.Now()
+	// The first renewal, at TTL/3, shows on node 0 as a PTTL that goes up.
+	for last := pttl(0); ; {
+		time.Sleep(10 * time.Millisecond)
+		now := pttl(0)
+		if now > last {
+			break
+		}
+		if time.Since(read) > ttl {
+			t.Fatal("no renewal reached node 0 within the TTL")
+		}
+		last = now
+	}
+	// Node 2's renewal takes a few round trips of 40 ms (a dial, the
+	// handshake, the script); give it the per-node timeout and more.
+	renewed := time.Now()
+	for {
+		unrenewed, got := before-time.Since(read), pttl(2)
+		if got >= unrenewed+ttl/6 {
+			t.Logf("node 2 renewed within %v of node 0: PTTL %v, %v had it not been", time.Since(renewed).Round(time.Millisecond), got, unrenewed.Round(time.Millisecond))
+			break
+		}
+		if time.Since(renewed) > 2*time.Second {
+			t.Fatalf("node 2's key was not renewed: PTTL %v, %v had it not been renewed (TTL %v): renewals stop at the majority's answer", got, unrenewed.Round(time.Millisecond), ttl)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case <-lease.Lost():
+		t.Error("the lease was lost")
+	default:
+	}
+}
