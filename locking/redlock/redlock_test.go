@@ -184,21 +184,7 @@ func TestReleaseWakesWaiter(t *testing.T) {
 // A minority of nodes down costs nothing; a majority down is ErrUnavailable,
 // at once, not after the caller's deadline.
 func TestNodesDown(t *testing.T) {
-	if cmd := testbed.Missing(testbed.KindRedis); cmd != "" {
-		t.Skip(cmd)
-	}
-	var (
-		servers []*testbed.Server
-		addrs   []string
-	)
-	for range 3 {
-		s, err := testbed.StartRedis(t.Context(), testbed.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Stop() })
-		servers, addrs = append(servers, s), append(addrs, s.Addr)
-	}
+	servers, addrs := ownRedises(t)
 	noLeaks(t)
 	l := newLockerConfig(t, addrs, redlock.Config{TTL: time.Second})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -231,6 +217,27 @@ func TestNodesDown(t *testing.T) {
 	if err := l.Ping(ctx); err == nil {
 		t.Error("Ping succeeds with two nodes of three down")
 	}
+}
+
+// ownRedises starts three private redis-servers for a test that kills or
+// stops them.
+func ownRedises(t *testing.T) ([]*testbed.Server, []string) {
+	if cmd := testbed.Missing(testbed.KindRedis); cmd != "" {
+		t.Skip(cmd)
+	}
+	var (
+		servers []*testbed.Server
+		addrs   []string
+	)
+	for range 3 {
+		s, err := testbed.StartRedis(t.Context(), testbed.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Stop() })
+		servers, addrs = append(servers, s), append(addrs, s.Addr)
+	}
+	return servers, addrs
 }
 
 func newLockerConfig(t *testing.T, addrs []string, cfg redlock.Config) *redlock.Locker {

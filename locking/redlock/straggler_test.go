@@ -25,21 +25,7 @@ import (
 // answers) and one that honours them, as orderd's do (it is cut at 60 ms,
 // and the undo needs a new connection, answered only once node 2 resumes).
 func TestAbandonedAttemptLeavesNothing(t *testing.T) {
-	if cmd := testbed.Missing(testbed.KindRedis); cmd != "" {
-		t.Skip(cmd)
-	}
-	var (
-		servers []*testbed.Server
-		addrs   []string
-	)
-	for range 3 {
-		s, err := testbed.StartRedis(t.Context(), testbed.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Stop() })
-		servers, addrs = append(servers, s), append(addrs, s.Addr)
-	}
+	servers, addrs := ownRedises(t)
 	admins := clients(t, addrs)
 	for _, tc := range []struct {
 		name string
