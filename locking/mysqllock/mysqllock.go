@@ -275,8 +275,6 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		if err == nil {
 			return s, nil
 		}
-		// It may hold the named lock, or be broken by a cancelled wait.
-		l.putQueueConn(qc, false)
 		if !errors.Is(err, errStaleQueueConn) || try > 0 {
 			return nil, err
 		}
@@ -290,18 +288,41 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 // errStaleQueueConn: the first statement on a queue connection failed.
 var errStaleQueueConn = errors.New("queue connection failed")
 
+// grabbed is a grab's outcome: the token won (0: none), and whether the
+// grab took the key's named lock (the first grab on a queue connection).
+type grabbed struct {
+	token  uint64
+	queued bool
+}
+
 // acquire grabs the row, queued on qc's named lock when qc is not nil. The
 // returned lease keeps qc if it holds the named lock; else qc goes back.
-func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (*lease, error) {
+func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lease, err error) {
+	defer func() {
+		if err != nil {
+			// It may hold the named lock, or be broken by a cancelled wait.
+			l.putQueueConn(qc, false)
+		}
+	}()
 	q := queueName(key)
 	queued := false // we hold q: first in line
-	var err error
 	if qc != nil {
-		// q is free unless the key is held or waited for, and then we
-		// join the wait below instead of grabbing.
-		if queued, err = qc.lock(ctx, q, 0); err != nil {
+		// q is free unless the key is held or waited for: then the first
+		// grab takes neither, and we join the wait below. Both free (an
+		// uncontended key), one statement takes both.
+		owner := newOwner(true)
+		sent := time.Now()
+		g, err := l.grab(ctx, key, owner, qc)
+		if errors.Is(err, errGaveUp) {
+			qc = nil // the grab's goroutine has it
+		}
+		if err != nil {
 			return nil, l.failed(ctx, key, fmt.Errorf("%w: %w", errStaleQueueConn, err))
 		}
+		if g.token != 0 {
+			return l.hold(key, owner, g.token, sent, qc), nil
+		}
+		queued = g.queued
 	}
 	poll := l.cfg.MinPoll
 	for boots := 0; ; {
@@ -336,7 +357,8 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (*lease
 		}
 		owner := newOwner(queued)
 		sent := time.Now()
-		token, err := l.grab(ctx, key, owner)
+		g, err := l.grab(ctx, key, owner, nil)
+		token := g.token
 		if errors.Is(err, errNoEpoch) && boots < maxBoots {
 			// The server restarted, or another Locker learned of it first.
 			boots++
@@ -373,7 +395,9 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (*lease
 	}
 }
 
-// grab runs the grab statement and returns the token won, or 0.
+// grab runs the grab statement (grabOnce) and returns what it won; with
+// qc, the first grab of an Acquire on qc, which takes the key's named lock
+// too (grabQueued).
 //
 // The statement is never abandoned halfway: cancelled in flight, the driver
 // only closes the connection, and the server may still commit the INSERT
@@ -381,39 +405,89 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (*lease
 // So it runs in a goroutine on a context the caller cannot cancel, while the
 // caller waits for it or for ctx. The unbuffered handoff settles who owns
 // the outcome: the caller, if it took the result; else the goroutine, which
-// frees whatever it won. An unknown outcome (an error) is freed either way.
-func (l *Locker) grab(ctx context.Context, key, owner string) (uint64, error) {
+// frees whatever it won and discards qc (closing it frees the named lock),
+// and the caller gets errGaveUp. An unknown outcome (an error) is freed
+// either way.
+func (l *Locker) grab(ctx context.Context, key, owner string, qc *queueConn) (grabbed, error) {
 	type result struct {
-		token uint64
-		err   error
+		g   grabbed
+		err error
 	}
 	handoff := make(chan result)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		return 0, errClosed
+		return grabbed{}, errClosed
 	}
 	l.background.Add(1) // under mu: Close waits only after no more can start
 	l.mu.Unlock()
 	go func() {
 		defer l.background.Done()
-		token, err := l.grabOnce(ctx, key, owner)
+		var r result
+		if qc != nil {
+			r.g, r.err = l.grabQueued(ctx, key, owner, qc)
+		} else {
+			r.g.token, r.err = l.grabOnce(ctx, key, owner)
+		}
 		delivered := false
 		select {
-		case handoff <- result{token, err}:
+		case handoff <- r:
 			delivered = true
 		case <-ctx.Done():
 		}
-		if (err != nil && !errors.Is(err, errNoEpoch)) || (token != 0 && !delivered) {
+		if (r.err != nil && !errors.Is(r.err, errNoEpoch)) || (r.g.token != 0 && !delivered) {
 			l.free(ctx, key, owner)
+		}
+		if !delivered {
+			l.putQueueConn(qc, false)
 		}
 	}()
 	select {
 	case r := <-handoff:
-		return r.token, r.err
+		return r.g, r.err
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return grabbed{}, fmt.Errorf("%w: %w", errGaveUp, ctx.Err())
 	}
+}
+
+// errGaveUp: ctx ended while the grab ran; its goroutine cleans up.
+var errGaveUp = errors.New("gave up waiting for the grab")
+
+// grabQueued runs the first grab of an Acquire on qc: the row and the
+// key's named lock in one statement when both are free. 0 rows: neither
+// is ours (the named lock is taken, or our epoch is not the run's: the
+// plain grab learns that). A duplicate: the named lock is ours, the row
+// someone's. Bounded by TTL/3 like grabOnce.
+func (l *Locker) grabQueued(ctx context.Context, key, owner string, qc *queueConn) (grabbed, error) {
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.TTL/3)
+	defer cancel()
+	epoch := l.epoch.Load()
+	res, err := qc.grab.ExecContext(gctx, key, owner, l.cfg.TTL.Microseconds(), epoch, queueName(key))
+	var myErr *mysql.MySQLError
+	switch {
+	case errors.As(err, &myErr) && myErr.Number == erDupEntry:
+		return grabbed{queued: true}, nil
+	case err != nil:
+		return grabbed{}, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n == 0 {
+		return grabbed{}, err
+	}
+	token, err := tokenOf(epoch, res)
+	return grabbed{token: token, queued: true}, err
+}
+
+// tokenOf makes the token of a grant in epoch from its insert id (seq).
+func tokenOf(epoch uint64, res sql.Result) (uint64, error) {
+	seq, err := res.LastInsertId()
+	if err == nil && uint64(seq) >= 1<<seqBits {
+		err = errors.New("2^40 grants in this server run: tokens would overflow into the epoch")
+	}
+	if err != nil {
+		return 0, err
+	}
+	return epoch<<seqBits | uint64(seq), nil
 }
 
 // grabOnce runs the grab statement, bounded by TTL/3: a grant confirmed
@@ -429,14 +503,7 @@ func (l *Locker) grabOnce(ctx context.Context, key, owner string) (uint64, error
 		var myErr *mysql.MySQLError
 		switch {
 		case err == nil:
-			seq, err := res.LastInsertId()
-			if err == nil && uint64(seq) >= 1<<seqBits {
-				err = errors.New("2^40 grants in this server run: tokens would overflow into the epoch")
-			}
-			if err != nil {
-				return 0, err
-			}
-			return epoch<<seqBits | uint64(seq), nil
+			return tokenOf(epoch, res)
 		case !errors.As(err, &myErr):
 			return 0, err
 		case myErr.Number == erBadNull:
@@ -729,22 +796,20 @@ func (s *lease) free(ctx context.Context) error {
 		return rowsOrNotHeld(res, err)
 	}
 	s.queue = nil
-	q := queueName(s.key)
-	res, err := qc.free.ExecContext(ctx, s.key, s.owner, q)
+	res, err := qc.free.ExecContext(ctx, s.key, s.owner)
 	err = rowsOrNotHeld(res, err)
-	clean := err == nil // the statement released q
+	clean := err == nil // the statement released the named lock
 	if err != nil {
-		// Whether it reached RELEASE_LOCK is unknown: make sure.
-		_, uerr := qc.unlock(ctx, q)
-		clean = uerr == nil
+		// Whether it reached RELEASE_ALL_LOCKS is unknown: make sure.
+		clean = qc.unlock(ctx) == nil
 	}
 	s.locker.putQueueConn(qc, clean)
 	return err
 }
 
-// rowsOrNotHeld maps an UPDATE that matched no row to ErrNotHeld. Our
-// updates always change a row they match (a new expiry, or an emptied owner), so
-// the count is the same with or without the clientFoundRows DSN option.
+// rowsOrNotHeld maps an UPDATE or DELETE that matched no row to
+// ErrNotHeld. A renewal always changes the row it matches (a new expiry),
+// so the count is the same with or without the clientFoundRows DSN option.
 func rowsOrNotHeld(res sql.Result, err error) error {
 	if err != nil {
 		return err

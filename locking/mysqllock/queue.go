@@ -47,21 +47,34 @@ const (
 
 // queueConn is a connection out of the pool, with its named-lock statements.
 type queueConn struct {
-	conn           *sql.Conn
-	get, rel, free *sql.Stmt
+	conn                 *sql.Conn
+	grab, get, rel, free *sql.Stmt
 }
 
 // freeQueued is free (mysqllock.go) that also releases the named lock,
 // after the row is matched and before it is deleted: the waiter it wakes
 // sends its grab at once, which waits for the MEMORY table's lock until
-// this statement ends and then finds the row gone. RELEASE_LOCK returns 1,
-// 0 or NULL, so the condition it adds is always true; when the row does
-// not match, the caller releases the named lock on its own. (RELEASE_LOCK
+// this statement ends and then finds the row gone. RELEASE_ALL_LOCKS
+// returns a count, so the condition it adds is always true; it frees every
+// count of the one named lock a queue connection holds (its key's; a lock
+// taken twice by one connection is counted twice). When the row does not
+// match, the caller releases the named lock on its own. (RELEASE_ALL_LOCKS
 // makes the statement unsafe for statement-based binlogs: MIXED logs it by
-// row.) Args: key, owner, name.
+// row.) Args: key, owner.
 const freeQueued = `DELETE FROM oversold_leases
 WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)
-	AND COALESCE(RELEASE_LOCK(?), 0) >= 0`
+	AND COALESCE(RELEASE_ALL_LOCKS(), 0) >= 0`
+
+// grabQueued is grab (mysqllock.go) on a queue connection that also takes
+// the key's named lock, in the first grab of an Acquire: one statement
+// where an uncontended key would cost two. The epoch and grace, which the
+// boot row (a const table) decides, are tested before GET_LOCK, so a
+// wrong epoch takes neither. (GET_LOCK makes the statement unsafe for
+// statement-based binlogs: MIXED logs it by row.)
+// Args: key, owner, ttl µs, epoch, name.
+const grabQueued = `INSERT INTO oversold_leases (lock_key, epoch, owner, expires_at)
+SELECT ?, epoch, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND FROM oversold_lock_boot
+WHERE id = 1 AND epoch = ? AND grace_until <= UTC_TIMESTAMP(6) AND GET_LOCK(?, 0) = 1`
 
 // queueName is the named lock of key: GET_LOCK names are at most 64
 // characters, keys up to 255 bytes, so the name carries a hash. A
@@ -110,8 +123,11 @@ func (l *Locker) openQueueConn(ctx context.Context) (*queueConn, error) {
 		return nil, err
 	}
 	qc := &queueConn{conn: conn}
-	if qc.get, err = conn.PrepareContext(ctx, "SELECT GET_LOCK(?, ?)"); err == nil {
-		qc.rel, err = conn.PrepareContext(ctx, "SELECT RELEASE_LOCK(?)")
+	if qc.grab, err = conn.PrepareContext(ctx, grabQueued); err == nil {
+		qc.get, err = conn.PrepareContext(ctx, "SELECT GET_LOCK(?, ?)")
+	}
+	if err == nil {
+		qc.rel, err = conn.PrepareContext(ctx, "SELECT RELEASE_ALL_LOCKS()")
 	}
 	if err == nil {
 		qc.free, err = conn.PrepareContext(ctx, freeQueued)
@@ -155,7 +171,7 @@ func (l *Locker) closeIdleQueue() {
 // discard closes the connection itself rather than returning it to the
 // pool: a pooled connection must not carry a named lock.
 func (qc *queueConn) discard() {
-	for _, st := range []*sql.Stmt{qc.get, qc.rel, qc.free} {
+	for _, st := range []*sql.Stmt{qc.grab, qc.get, qc.rel, qc.free} {
 		if st != nil {
 			st.Close()
 		}
@@ -177,11 +193,9 @@ func (qc *queueConn) lock(ctx context.Context, q string, wait time.Duration) (bo
 	return got.Int64 == 1, nil
 }
 
-// unlock frees the named lock q; false when it was not held.
-func (qc *queueConn) unlock(ctx context.Context, q string) (bool, error) {
-	var ok sql.NullInt64
-	if err := qc.rel.QueryRowContext(ctx, q).Scan(&ok); err != nil {
-		return false, err
-	}
-	return ok.Valid && ok.Int64 == 1, nil
+// unlock frees the named locks qc holds: only ever its key's, but every
+// count of it (MariaDB and MySQL count a named lock taken twice).
+func (qc *queueConn) unlock(ctx context.Context) error {
+	var n sql.NullInt64
+	return qc.rel.QueryRowContext(ctx).Scan(&n)
 }
