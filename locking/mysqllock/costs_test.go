@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oversold-lab/oversold/internal/testbed"
-	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
 )
 
@@ -18,18 +16,15 @@ import (
 // server, so that the global counters are this test's alone. The lock
 // table in InnoDB cost three statements and two flushed commits a turn.
 func TestUncontendedTurnCosts(t *testing.T) {
-	srv := locktest.PrivateServer(t, testbed.StartMariaDB)
+	srv, dsn := privateDatabase(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	db, err := sql.Open("mysql", srv.DSN(""))
+	db, err := sql.Open("mysql", srv.DSN("")) // for the server's counters
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if _, err := db.ExecContext(ctx, "CREATE DATABASE locks"); err != nil {
-		t.Fatal(err)
-	}
-	ldb, err := sql.Open("mysql", srv.DSN("locks"))
+	ldb, err := sql.Open("mysql", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

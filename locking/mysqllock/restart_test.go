@@ -20,21 +20,12 @@ import (
 // come every TTL/3, still believes it holds; with the epoch kept in memory
 // the rival's token starts again at 1<<40 | 1.
 func TestRestartKeepsTokensAndExclusion(t *testing.T) {
-	srv := locktest.PrivateServer(t, testbed.StartMariaDB)
+	srv, dsn := privateDatabase(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	admin, err := sql.Open("mysql", srv.DSN(""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = admin.ExecContext(ctx, "CREATE DATABASE locks")
-	admin.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
 	const ttl = 6 * time.Second
 	open := func() *mysqllock.Locker {
-		db, err := sql.Open("mysql", srv.DSN("locks"))
+		db, err := sql.Open("mysql", dsn)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,4 +94,21 @@ func TestRestartKeepsTokensAndExclusion(t *testing.T) {
 	if err := again.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// privateDatabase starts a MariaDB of the test's own (one it may kill, or
+// whose global counters are the test's alone) and returns it with the DSN
+// of an empty database on it.
+func privateDatabase(t *testing.T) (*testbed.Server, string) {
+	t.Helper()
+	srv := locktest.PrivateServer(t, testbed.StartMariaDB)
+	db, err := sql.Open("mysql", srv.DSN(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(t.Context(), "CREATE DATABASE locks"); err != nil {
+		t.Fatal(err)
+	}
+	return srv, srv.DSN("locks")
 }
