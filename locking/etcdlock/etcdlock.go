@@ -6,9 +6,13 @@
 //
 // A Locker keeps one session: an etcd lease that it renews itself. Acquire
 // puts a key <Prefix>/<key>/<lease hex>-<n hex> bound to that lease, where
-// n counts the Locker's acquisitions, so every acquisition has a key of its
-// own (concurrency's Mutex reuses one key per session, which makes two
-// goroutines on one session share the lock). The key with the lowest create
+// n is the lowest number not in use by another acquisition of the session
+// on that key, so two goroutines on one Locker never share a key
+// (concurrency's Mutex keeps one key per session, which makes them share
+// the lock). A number is used again once its key is known deleted and no
+// request of ours on it is in flight: a hot key's turns reuse one name, as
+// the Mutex does, where a new name per turn left etcd's index a deleted
+// entry per turn to walk at every look at the queue until compaction. The key with the lowest create
 // revision under <Prefix>/<key>/ holds the lock; any other waits for the
 // deletion of the last key created before its own, so a release wakes one
 // waiter (no herd). The uncontended path is one transaction: put our key
@@ -17,10 +21,11 @@
 // that starts in the past only every 100 ms, which would slow each handoff
 // (the concurrency recipe's watch does start in the past).
 //
-//   - Release is fenced by ownership: a transaction
-//     If(CreateRevision(myKey) == myRev).Then(Delete(myKey)). With per-
-//     acquisition keys and the fence, a release retried after a lost reply
-//     can never delete a newer holder's key (etcd issue 22082).
+//   - A release retried after a lost reply can never delete a newer
+//     holder's key (etcd issue 22082): a name whose delete did not answer
+//     at once is never used again in the session, and the cleanups in the
+//     background are fenced by ownership, a transaction
+//     If(CreateRevision(myKey) == myRev).Then(Delete(myKey)).
 //   - The create is idempotent: If(CreateRevision(myKey) == 0).Then(put)
 //     .Else(get), so a retry after a lost reply finds the key it made.
 //   - Nothing left behind: a wait ended by ctx or a failure deletes its own
@@ -94,6 +99,7 @@ import (
 	"maps"
 	"net/url"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,7 +154,6 @@ var (
 type Locker struct {
 	cli *clientv3.Client
 	cfg Config
-	seq atomic.Uint64 // numbers this Locker's acquisitions
 
 	grant chan struct{} // one grant of a new session at a time
 
@@ -159,8 +164,9 @@ type Locker struct {
 	unrevoked map[*session]struct{} // granted, not known revoked or expired: Close revokes them
 	closed    bool
 
-	afterGrant func() // a test's hook between a grant and its publication
-	watching   func() // a test's hook as a session's watcher starts
+	afterGrant  func() // a test's hook between a grant and its publication
+	watching    func() // a test's hook as a session's watcher starts
+	beforeWatch func() // a test's hook between a waiter's look and its watch
 }
 
 // session is one etcd lease, renewed by a locking.Keepalive.
@@ -170,6 +176,59 @@ type session struct {
 	ka     *locking.Keepalive
 	ctx    context.Context // done once the session is lost or closed
 	cancel context.CancelFunc
+
+	mu    sync.Mutex
+	names map[string]*names // by queue prefix, while in use or retired
+}
+
+// names numbers a session's queue keys under one prefix: <lease>-<n>. A
+// number goes back to free once its key is known deleted with no request
+// of ours on it still in flight, and is used again: etcd's index keeps a
+// deleted key until compaction, and every look at the queue walks those,
+// so a new name per acquisition made each turn on a hot key cost the
+// server more than the last (thousands of names between compactions),
+// where a reused name is one entry. A number whose key may still be
+// written by a request we gave up on is retired for the session's life.
+type names struct {
+	next   uint64   // never handed out yet from here on
+	free   []uint64 // known deleted, nothing in flight
+	active int      // handed out, not yet returned
+}
+
+// take returns the number of a new queue key under pfx.
+func (s *session) take(pfx string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ns := s.names[pfx]
+	if ns == nil {
+		ns = &names{}
+		s.names[pfx] = ns
+	}
+	ns.active++
+	if k := len(ns.free); k > 0 {
+		n := ns.free[k-1]
+		ns.free = ns.free[:k-1]
+		return n
+	}
+	ns.next++
+	return ns.next - 1
+}
+
+// give returns number n under pfx: free for reuse when reuse is set (its
+// key is known deleted and no request of ours on it is in flight), else
+// retired. A prefix with nothing handed out and nothing retired is
+// forgotten, so a Locker's memory follows the keys in use.
+func (s *session) give(pfx string, n uint64, reuse bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ns := s.names[pfx]
+	ns.active--
+	if reuse {
+		ns.free = append(ns.free, n)
+	}
+	if ns.active == 0 && uint64(len(ns.free)) == ns.next {
+		delete(s.names, pfx)
+	}
 }
 
 // alive reports whether the session can still be trusted.
@@ -314,7 +373,7 @@ func (l *Locker) session(ctx context.Context) (*session, error) {
 		}
 		return nil, fmt.Errorf("%w: grant lease: %w", locking.ErrUnavailable, err)
 	}
-	s := &session{id: resp.ID, ttl: time.Duration(resp.TTL) * time.Second}
+	s := &session{id: resp.ID, ttl: time.Duration(resp.TTL) * time.Second, names: map[string]*names{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
@@ -402,16 +461,21 @@ func (l *Locker) acquire(ctx context.Context, key, pfx string) (*lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	me := fmt.Sprintf("%s%x-%x", pfx, sess.id, l.seq.Add(1))
+	n := sess.take(pfx)
+	me := pfx + strconv.FormatInt(int64(sess.id), 16) + "-" + strconv.FormatUint(n, 16)
 	q, err := l.enqueue(ctx, sess, pfx, me)
 	if err != nil {
+		sess.give(pfx, n, false) // the cleanup's requests are in flight
 		return nil, err
 	}
 	s, err := l.wait(ctx, sess, key, pfx, me, q)
 	if err != nil {
+		sess.give(pfx, n, false)
 		l.bg.Go(func() { l.remove(ctx, sess, me, q.rev) })
+		return nil, err
 	}
-	return s, err
+	s.pfx, s.n = pfx, n
+	return s, nil
 }
 
 // queued is our place in the queue.
@@ -520,7 +584,10 @@ func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string
 			if len(pred) == 0 {
 				return l.hold(sess, key, me, q.rev, resp.Header.Revision)
 			}
-			if err = l.waitDelete(ctx, string(pred[0].Key)); err == nil {
+			if l.beforeWatch != nil {
+				l.beforeWatch()
+			}
+			if err = l.waitDelete(ctx, pred[0]); err == nil {
 				continue
 			}
 		}
@@ -541,16 +608,20 @@ func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string
 	}
 }
 
-// waitDelete waits until key is deleted. A nil return means "look again":
-// the key went, or the watch was compacted away.
+// waitDelete waits until pred, the key as created at its create revision,
+// is deleted. A nil return means "look again": it went, or the watch was
+// compacted away.
 //
 // The watch starts at the current revision rather than at the snapshot's:
 // etcd serves a watch that starts in the past from a loop that runs every
 // 100 ms (mvcc's unsynced watchers), which would delay every handoff. So we
 // wait until the watch is in place, then check that the key is still there:
 // a deletion before that check is seen by the check, one after it by the
-// watch.
-func (l *Locker) waitDelete(ctx context.Context, key string) error {
+// watch. The check compares the create revision: a name is used again once
+// deleted, and a later key of that name is behind ours in the queue
+// (waiting for its deletion would wait for ourselves).
+func (l *Locker) waitDelete(ctx context.Context, pred *mvccpb.KeyValue) error {
+	key := string(pred.Key)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wch := l.cli.Watch(l.watchCtx(ctx), key, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
@@ -561,11 +632,11 @@ func (l *Locker) waitDelete(ctx context.Context, key string) error {
 		case wr.Err() != nil:
 			return wr.Err()
 		case wr.Created:
-			resp, err := l.cli.Get(ctx, key, clientv3.WithCountOnly())
+			resp, err := l.cli.Get(ctx, key, clientv3.WithKeysOnly())
 			if err != nil {
 				return err
 			}
-			if resp.Count == 0 {
+			if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != pred.CreateRevision {
 				return nil
 			}
 		case deleted(wr):
@@ -661,6 +732,8 @@ type lease struct {
 	key    string
 	me     string // our etcd key
 	rev    int64  // its create revision: the token
+	pfx    string // our queue's prefix
+	n      uint64 // the number in our key's name
 
 	lost     chan struct{}
 	lostOnce sync.Once
@@ -717,15 +790,17 @@ func deleted(wr clientv3.WatchResponse) bool {
 	return false
 }
 
-// Release deletes our key. Its name (session lease and sequence number) is
-// never created twice, so a plain delete, as concurrency.Mutex's Unlock,
-// can only remove our own claim, stale or retried: no compare on its create
-// revision is needed, and none is paid for (a Txn costs the server more
-// than a DeleteRange). Deleted == 0 on a first try: the key went already.
+// Release deletes our key. Its name (session lease and number) is used
+// again only after a delete of it answered at the first try, with no
+// request of ours on it left in flight (names), so a plain delete, as
+// concurrency.Mutex's Unlock, can only remove our own claim, retried or
+// not: no compare on its create revision is needed, and none is paid for
+// (a Txn costs the server more than a DeleteRange). Deleted == 0 on a
+// first try: the key went already.
 func (s *lease) Release(ctx context.Context) error {
-	notHeld := fmt.Errorf("release %q: %w", s.key, locking.ErrNotHeld)
+	notHeld := func() error { return fmt.Errorf("release %q: %w", s.key, locking.ErrNotHeld) }
 	if !s.released.CompareAndSwap(false, true) {
-		return notHeld
+		return notHeld()
 	}
 	s.mu.Lock()
 	s.ended = true
@@ -741,17 +816,22 @@ func (s *lease) Release(ctx context.Context) error {
 	}
 	l := s.locker
 	if l.bg.Closed() {
-		return notHeld // Close revoked the session and deleted the key
+		return notHeld() // Close revoked the session and deleted the key
 	}
 	retried := false
 	for try := 0; ; try++ {
 		resp, err := l.cli.Delete(ctx, s.me)
+		if err == nil || ctx.Err() != nil || try == tries-1 || l.bg.Closed() {
+			// Reused only when this first delete answered: a failed one
+			// may still land, on a later key of the same name.
+			s.sess.give(s.pfx, s.n, err == nil && !retried)
+		}
 		switch {
 		case err == nil && (resp.Deleted == 1 || retried):
 			return nil // on a retry, "not there" means our first delete landed
 		case err == nil:
 			s.markLost()
-			return notHeld
+			return notHeld()
 		case ctx.Err() != nil, try == tries-1, l.bg.Closed():
 			// Stop waiting, not deleting: a key left behind would hold the
 			// lock for as long as the session lives.

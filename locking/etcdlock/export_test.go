@@ -24,3 +24,7 @@ func LoseSession(l *Locker) {
 
 // CloseTimeout bounds Close's revokes.
 const CloseTimeout = closeTimeout
+
+// BeforeWatch makes l call f when a waiter has found its predecessor and
+// is about to watch it.
+func BeforeWatch(l *Locker, f func()) { l.beforeWatch = f }
