@@ -17,7 +17,7 @@ func BenchmarkEtcd(b *testing.B) {
 	endpoints := testbed.Etcd(b)
 	runServer(b, "etcd", etcdVersion(b, endpoints), []impl{
 		ours("etcd", backends.Config{EtcdEndpoints: endpoints},
-			"watches its predecessor (create-revision order), one key per acquisition; renews with KeepAliveOnce, fences with the create revision"),
+			"watches its predecessor (create-revision order); a key name per session and concurrent acquisition, reused once deleted; renews with KeepAliveOnce, fences with the create revision"),
 		etcdConcurrency(endpoints),
 	})
 }
