@@ -16,15 +16,27 @@
 // A try that fails also queues the waiter, in the same script, in a fair
 // queue kept on the server (locking/internal/waitq): each waiter keeps the
 // place of its first arrival, scored by the server's clock, for as long as
-// it keeps trying. Release, in its script, wakes the first live waiter,
-// with a message naming it on its Locker's channel
-// "lock:{k}:wake:<locker id>", and that waiter keeps its place: a newcomer
-// that finds the lock free before the woken waiter's try arrives queues
-// behind it instead of taking the lock, so queued waiters are served in
-// order under steady arrivals instead of being demoted behind every
-// newcomer. A release wakes exactly one waiter in the whole system, not one
-// per process: on a hot key with 32 processes the other 30 no longer run a
-// try that can only fail. (Redisson's FairLock is fair the same way.)
+// it keeps trying. Release, in its script, hands the lock to the first live
+// waiter (direct handoff): it sets the key to that waiter's owner with the
+// TTL, counts the fence, takes the waiter out of the queue and tells it the
+// token in a message naming it on its Locker's channel
+// "lock:{k}:wake:<locker id>". The waiter holds the lock when the message
+// arrives, without another round trip, so a handoff costs the release and
+// one message, where a lock whose waiters retry costs a release and a
+// try; and a newcomer never finds the lock free between the two, so
+// queued waiters are served in order. The lease's validity runs from the
+// send time of the waiter's last try, which the fence counter it returned
+// shows to precede the grant (see handedOver); a message heard more than
+// TTL/3 after that try is confirmed by a try instead. A message that is
+// lost costs nothing but time: the waiter's next try finds its own owner in
+// the key and takes the lock with its token. A waiter that gives up after
+// it was handed the lock releases it (and hands it on) in the script that
+// takes it out of the queue; one that died after its last try (it is live
+// for Config.queueLife after it) keeps the lock until the key lapses at
+// the TTL, as a holder that died would. A release tells exactly one waiter
+// in the whole system, not one per process: on a hot key with 32 processes
+// the other 30 no longer run a try that can only fail. (Redisson's
+// FairLock is fair the same way, but wakes its first waiter to try.)
 //
 // A waiter subscribes to its Locker's channel before it waits, and waits
 // until the server has confirmed the subscription and tries again: a release
@@ -41,10 +53,15 @@
 // holder's remaining TTL (or the first waiter's liveness, when the lock is
 // free), which the failed try returned: a holder that died is replaced as
 // soon as its key expires, with no message at all (Redisson waits the same
-// way), and a release whose wake-up went to a dead waiter costs the others
-// the rest of that waiter's liveness (Config.queueLife), no more. A waiter that gives up (ctx,
-// Close) leaves the queue and, if the lock is free, passes the wake-up on to
-// the next waiter, in one script.
+// way), and a lost handoff message costs the lock the time until the
+// waiter's timer fires. A waiter that gives up (ctx, Close) leaves the
+// queue and, if the lock is free (or was handed to it), hands it to the
+// next waiter, in one script.
+//
+// A replica of an older version (its waiters retry when woken and do not
+// know a key holding their owner) that is handed a lock keeps it until the
+// key lapses: during a rolling upgrade a hot key may stall for a TTL now
+// and then.
 //
 // # Failure modes
 //
@@ -243,7 +260,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	repick := false // the last wait ended with no wake-up
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
-			if attempt > 0 { // queued by the last try
+			if attempt > 0 { // queued by the last try, or handed the lock
 				l.undo(ctx, n, owner, member)
 			}
 			return nil, fmt.Errorf("acquire %q: %w", key, err)
@@ -265,7 +282,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			repick = false
 		}
 		sent := time.Now()
-		token, wait, err := l.try(ctx, n, owner, member)
+		token, wait, fence, ahead, err := l.try(ctx, n, owner, member)
 		if err != nil {
 			// The SET may have happened with its reply lost: remove it.
 			l.undo(ctx, n, owner, member)
@@ -284,7 +301,9 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			// between the first try and the subscription is not lost.
 			woken = w.Subscribe()[0]
 		}
-		d := waitq.Backoff(l.cfg.MinBackoff, l.cfg.MaxBackoff, attempt, wait)
+		// Each waiter ahead is a handoff before this one's turn: the
+		// fallback (for a lost message) need not come sooner.
+		d := waitq.Backoff(l.cfg.MinBackoff*time.Duration(1+min(ahead, 31)), l.cfg.MaxBackoff, attempt, wait)
 		if timer == nil {
 			timer = time.NewTimer(d)
 		} else {
@@ -292,6 +311,10 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		}
 		select {
 		case <-woken:
+			if token, ok := l.handedOver(w, fence, sent); ok {
+				w.Drain()
+				return l.grant(ctx, key, n, owner, token, sent)
+			}
 		case <-timer.C:
 			repick = true
 		case <-ctx.Done():
@@ -305,24 +328,51 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 }
 
 // try runs the acquire script once. It returns the token if the lock was
-// granted, or else how long to wait at most before the next try: the
-// holder's remaining TTL, or the first waiter's liveness (negative if
-// unknown).
-func (l *Locker) try(ctx context.Context, n waitq.Names, owner, member string) (token uint64, wait time.Duration, err error) {
-	res, err := scripts.Acquire.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, l.ttl, member, l.life, "", n.Wake, "", l.sharded).Slice()
+// granted (or had been handed to owner), or else how long to wait at most
+// before the next try: the holder's remaining TTL, or the first waiter's
+// liveness (negative if unknown), the fence counter's value when the
+// script ran, which a lock handed over later exceeds, and how many waiters
+// are queued ahead.
+func (l *Locker) try(ctx context.Context, n waitq.Names, owner, member string) (token uint64, wait time.Duration, fence uint64, ahead int64, err error) {
+	res, err := scripts.Acquire.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, l.ttl, member, l.life, "", n.Wake, "", l.sharded, "g").Slice()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	granted, count, ok := reply(res)
 	switch {
 	case !ok:
-		return 0, 0, fmt.Errorf("acquire script returned %v", res)
+		return 0, 0, 0, 0, fmt.Errorf("acquire script returned %v", res)
 	case !granted:
-		return 0, time.Duration(count) * time.Millisecond, nil
+		if len(res) > 4 {
+			f, _ := res[3].(int64)
+			ahead, _ = res[4].(int64)
+			fence = uint64(max(f, 0))
+		}
+		return 0, time.Duration(count) * time.Millisecond, fence, max(ahead, 0), nil
 	case count <= 0:
-		return 0, 0, fmt.Errorf("fence counter %s is %d, not positive", n.Fence, count)
+		return 0, 0, 0, 0, fmt.Errorf("fence counter %s is %d, not positive", n.Fence, count)
 	}
-	return uint64(count), 0, nil
+	return uint64(count), 0, 0, 0, nil
+}
+
+// handedOver reports whether a release handed this waiter the lock (direct
+// handoff, release.lua's 'g'), and its token, so that it holds the lock
+// without another round trip. A grant counts only if its token exceeds
+// fence, the counter the last try saw, refused: the grant came after that
+// try ran, so the key's TTL started after sent, which makes sent a
+// conservative start of the lease's validity (a message late by more than
+// a TTL, whose key may have lapsed since, fails this test). A grant heard
+// more than TTL/3 after sent is confirmed by a try instead (it finds its
+// owner in the key, renews it and returns the token): the first renewal
+// comes TTL/3 after the grant, too late for the validity left.
+func (l *Locker) handedOver(w *waitq.Waiter, fence uint64, sent time.Time) (uint64, bool) {
+	select {
+	case g := <-w.Grant:
+		token, err := strconv.ParseUint(g, 10, 64)
+		return token, err == nil && token > fence && time.Since(sent) < l.cfg.TTL/3
+	default:
+		return 0, false
+	}
 }
 
 // reply reads the acquire script's {granted, token or ms, ...}.
@@ -347,10 +397,10 @@ func (l *Locker) undo(ctx context.Context, n waitq.Names, owner, member string) 
 }
 
 // release deletes the key if owner holds it (and removes member, if any,
-// from the queue), then wakes the first waiter in the queue if the lock is
-// free.
+// from the queue), then, if the lock is free, hands it to the first live
+// waiter in the queue, waking it with the token.
 func (l *Locker) release(ctx context.Context, n waitq.Names, owner, member string) (bool, error) {
-	return scripts.Release.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive}, owner, n.Wake, member, "1", l.sharded).Bool()
+	return scripts.Release.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, n.Wake, member, "g", l.sharded, l.ttl).Bool()
 }
 
 // grant wraps a granted lock in a lease and starts its watchdog, whose
@@ -449,8 +499,11 @@ func (s *lease) Release(ctx context.Context) error {
 	}
 	s.ka.Stop()
 	s.l.forget(s)
-	ctx, cancel := context.WithTimeout(ctx, s.l.cfg.TTL)
-	defer cancel()
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > s.l.cfg.TTL {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.l.cfg.TTL)
+		defer cancel()
+	}
 	ok, err := s.l.release(ctx, s.names, s.owner, "")
 	switch {
 	case err != nil:

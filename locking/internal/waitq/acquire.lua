@@ -10,16 +10,27 @@
 -- ARGV[7] 'keep' to keep the place the caller had when granted here
 -- (Redlock: a grant on one node is not yet a grant; the release takes the
 -- place out), else ''; ARGV[8] 's' to wake with SPUBLISH (see wake), or
--- absent.
+-- absent; ARGV[9] 'g' if releases hand the lock to the first waiter
+-- (release.lua), else absent: then a lock that holds the caller's owner
+-- was handed to it, and is its lock (its TTL renewed, its token the
+-- counter's value), and a refusal carries the counter's value.
 -- Returns {1, token (0 without a counter)} when granted, else
--- {0, ms to wait at most, holder's owner or ''}: the holder's remaining TTL,
--- or, when the lock is free but a live waiter is first, the time until that
--- waiter's place expires if it never comes.
+-- {0, ms to wait at most, holder's owner or ''[, the fence counter, the
+-- waiters ahead with 'g']}: the holder's remaining TTL, or, when the lock
+-- is free but a live waiter is first, the time until that waiter's place
+-- expires if it never comes.
 -- Order and liveness are kept apart: a woken waiter keeps its place while
 -- it makes the round trip, and a newcomer that finds the lock free then
 -- queues behind it instead of taking it (fair handoff). A waiter that stops
 -- trying (dead, or it gave up and could not say so) loses its place when
 -- its liveness deadline passes.
+-- Handed to the caller by a release whose wake-up it has not heard (yet):
+-- no grant since set the counter, so its value is this lease's token.
+local handoff = ARGV[9] == 'g'
+if handoff and redis.call('get', KEYS[1]) == ARGV[1] then
+	redis.call('pexpire', KEYS[1], ARGV[2])
+	return {1, tonumber(redis.call('get', KEYS[4]) or '0')}
+end
 -- Nobody queued: a free lock is the caller's at once, with nothing to
 -- keep (the uncontended path, as cheap as a plain SET NX).
 if redis.call('exists', KEYS[2]) == 0 and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -64,9 +75,17 @@ if head == ARGV[3] and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) 
 	end
 	return {1, 0}
 end
+-- A refusal; with direct handoff it carries the fence counter and the
+-- number of waiters ahead of the caller.
+local function refuse(wait, holder)
+	if handoff then
+		return {0, wait, holder, tonumber(redis.call('get', KEYS[4]) or '0'), redis.call('zrank', KEYS[2], ARGV[3]) or 0}
+	end
+	return {0, wait, holder}
+end
 local holder = redis.call('get', KEYS[1])
 if holder then
-	return {0, redis.call('pttl', KEYS[1]), holder}
+	return refuse(redis.call('pttl', KEYS[1]), holder)
 end
 -- Free, and a live waiter is first. If it only now became first (the ones
 -- ahead of it died), nobody has told it yet.
@@ -77,6 +96,6 @@ local deadline = redis.call('zscore', KEYS[3], head)
 if not deadline then
 	-- Queued without liveness (the two sets diverged): not live.
 	redis.call('zrem', KEYS[2], head)
-	return {0, 0, ''}
+	return refuse(0, '')
 end
-return {0, deadline - ms, ''}
+return refuse(deadline - ms, '')

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -86,8 +87,9 @@ type topic struct {
 type Watch struct {
 	n       *Notifier
 	channel string
-	id      string // a message equal to id wakes this watcher first
+	id      string // a message naming id wakes this watcher first
 	wake    chan struct{}
+	grant   chan string // hears what follows id in the message, if anything; may be nil
 	ready   chan struct{}
 }
 
@@ -136,13 +138,15 @@ func (n *Notifier) unsubscribe() func(context.Context, ...string) error {
 // subscription: a message published after that is not missed. Several
 // Watches may share one wake channel.
 func (n *Notifier) Watch(channel string, wake chan struct{}) *Watch {
-	return n.WatchAs(channel, "", wake)
+	return n.WatchAs(channel, "", wake, nil)
 }
 
-// WatchAs is Watch for a watcher named id: a message whose payload is id
-// wakes this watcher rather than the longest waiting one.
-func (n *Notifier) WatchAs(channel, id string, wake chan struct{}) *Watch {
-	w := &Watch{n: n, channel: channel, id: id, wake: wake}
+// WatchAs is Watch for a watcher named id: a message whose payload is id,
+// or id, a space and a grant, wakes this watcher rather than the longest
+// waiting one, and the grant is put in grant (a buffer of one, which
+// keeps the latest; nil: dropped).
+func (n *Notifier) WatchAs(channel, id string, wake chan struct{}, grant chan string) *Watch {
+	w := &Watch{n: n, channel: channel, id: id, wake: wake, grant: grant}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -175,18 +179,18 @@ func (n *Notifier) WatchAs(channel, id string, wake chan struct{}) *Watch {
 // subscription. A waiter that joins before its try cannot miss a release
 // that comes after the try.
 func (n *Notifier) Join(channel string, wake chan struct{}) *Watch {
-	return n.JoinAs(channel, "", wake)
+	return n.JoinAs(channel, "", wake, nil)
 }
 
 // JoinAs is Join for a watcher named id (see WatchAs).
-func (n *Notifier) JoinAs(channel, id string, wake chan struct{}) *Watch {
+func (n *Notifier) JoinAs(channel, id string, wake chan struct{}, grant chan string) *Watch {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	t := n.topics[channel]
 	if n.closed || t == nil || !t.subscribed || !isClosed(t.ready) {
 		return nil
 	}
-	w := &Watch{n: n, channel: channel, id: id, wake: wake}
+	w := &Watch{n: n, channel: channel, id: id, wake: wake, grant: grant}
 	t.add(w)
 	return w
 }
@@ -453,11 +457,23 @@ func (n *Notifier) dispatch(msg any) {
 	}
 }
 
-// wake signals the watcher named id, or else the longest waiting one.
-func (t *topic) wake(id string) {
+// wake signals the watcher the payload names ("<id>" or "<id> <grant>"),
+// handing it the grant, or else the longest waiting one.
+func (t *topic) wake(payload string) {
+	id, grant, _ := strings.Cut(payload, " ")
 	if id != "" {
 		for _, w := range t.watches {
 			if w.id == id {
+				if grant != "" && w.grant != nil {
+					select { // keep the latest
+					case <-w.grant:
+					default:
+					}
+					select {
+					case w.grant <- grant:
+					default:
+					}
+				}
 				signal(w.wake)
 				return
 			}

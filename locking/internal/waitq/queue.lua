@@ -16,11 +16,16 @@ end
 -- wake tells member, by name, on its Locker's channel (prefix + Locker id),
 -- with SPUBLISH if sharded is 's' (Redis Cluster: the message stays in the
 -- shard of the lock's slot, which the channel's hash tag shares), else
--- PUBLISH.
-local function wake(prefix, member, sharded)
+-- PUBLISH. The message is the member, then, if grant is given, a space
+-- and grant (the token of a lock handed to the member).
+local function wake(prefix, member, sharded, grant)
 	local cmd = 'publish'
 	if sharded == 's' then
 		cmd = 'spublish'
 	end
-	redis.call(cmd, prefix .. string.match(member, '^[^:]*'), member)
+	local msg = member
+	if grant then
+		msg = member .. ' ' .. grant
+	end
+	redis.call(cmd, prefix .. string.match(member, '^[^:]*'), msg)
 end

@@ -8,7 +8,10 @@ type Waiter struct {
 	member    string
 	// Wake is signalled by wake-ups from any server, one signal per
 	// server: its buffer has room for one from each.
-	Wake    chan struct{}
+	Wake chan struct{}
+	// Grant holds the latest lock handed to this waiter by a release
+	// (release.lua's 'g'): the token, in decimal, ahead of its wake-up.
+	Grant   chan string
 	watches []*Watch // per server; nil where not watched yet
 }
 
@@ -16,9 +19,9 @@ type Waiter struct {
 // channel subscribed already (the key is hot), it joins that subscription
 // at once, before its first try, which then cannot miss a release there.
 func NewWaiter(notifiers []*Notifier, channel, member string) *Waiter {
-	w := &Waiter{notifiers: notifiers, channel: channel, member: member, Wake: make(chan struct{}, len(notifiers)), watches: make([]*Watch, len(notifiers))}
+	w := &Waiter{notifiers: notifiers, channel: channel, member: member, Wake: make(chan struct{}, len(notifiers)), Grant: make(chan string, 1), watches: make([]*Watch, len(notifiers))}
 	for i, n := range notifiers {
-		w.watches[i] = n.JoinAs(channel, member, w.Wake)
+		w.watches[i] = n.JoinAs(channel, member, w.Wake, w.Grant)
 	}
 	return w
 }
@@ -42,7 +45,7 @@ func (w *Waiter) Subscribe() []<-chan struct{} {
 	ready := make([]<-chan struct{}, len(w.notifiers))
 	for i, n := range w.notifiers {
 		if w.watches[i] == nil {
-			w.watches[i] = n.WatchAs(w.channel, w.member, w.Wake)
+			w.watches[i] = n.WatchAs(w.channel, w.member, w.Wake, w.Grant)
 		}
 		ready[i] = w.watches[i].Ready()
 	}

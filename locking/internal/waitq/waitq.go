@@ -54,14 +54,17 @@ type Scripts struct {
 	// Acquire: KEYS lock, queue, alive[, fence]; ARGV owner, ttl ms,
 	// member, life ms, place in µs ('' = the server's time), wake prefix,
 	// 'keep' to keep the place when granted (else ''), 's' to wake with
-	// SPUBLISH (Redis Cluster; else '' or absent). Returns
-	// {1, token} or {0, ms to wait at most, holder}.
+	// SPUBLISH (Redis Cluster; else '' or absent), 'g' with direct
+	// handoff (else absent). Returns {1, token} or {0, ms to wait at
+	// most, holder[, fence counter, waiters ahead with 'g']}.
 	Acquire *redis.Script
 	// Renew: KEYS lock; ARGV owner, ttl ms. Returns 1 if extended.
 	Renew *redis.Script
-	// Release: KEYS lock, queue, alive; ARGV owner, wake prefix, member
-	// giving up or '', '1' to wake the first waiter, 's' to wake with
-	// SPUBLISH (else '' or absent). Returns 1 if released.
+	// Release: KEYS lock, queue, alive[, fence]; ARGV owner, wake prefix,
+	// member giving up or '', '1' to wake the first waiter or 'g' to hand
+	// it the lock (direct handoff: needs the fence and the ttl), 's' to
+	// wake with SPUBLISH (else '' or absent), ttl ms. Returns 1 if
+	// released.
 	Release *redis.Script
 }
 
