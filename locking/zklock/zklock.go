@@ -309,8 +309,8 @@ func (l *Locker) enqueue(ctx context.Context, parent string) (string, int64, err
 	}
 	res := make(chan created, 1)
 	if !l.bg.Go(func() {
-		path, err := l.create(parent, guid)
-		res <- created{path, l.conn.SessionID(), err}
+		path, session, err := l.create(parent, guid)
+		res <- created{path, session, err}
 	}) {
 		return "", 0, errClosed
 	}
@@ -318,7 +318,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string) (string, int64, err
 	case r := <-res:
 		if r.err != nil {
 			l.bg.Go(func() { l.removeGUID(parent, guid) })
-			if !errors.Is(r.err, locking.ErrUnavailable) {
+			if !errors.Is(r.err, locking.ErrUnavailable) && !errors.Is(r.err, errVanished) {
 				r.err = fmt.Errorf("%w: create: %w", locking.ErrUnavailable, r.err)
 			}
 			return "", 0, r.err
@@ -336,19 +336,36 @@ func (l *Locker) enqueue(ctx context.Context, parent string) (string, int64, err
 	}
 }
 
-// create makes our ephemeral sequential node, protected by guid.
-func (l *Locker) create(parent, guid string) (string, error) {
+// create makes our ephemeral sequential node, protected by guid, and
+// returns its path and the session that owns it: the one the connection had
+// when the create (or the look that found the node) was sent. If the
+// session changed before the answer was read, the node may have died with
+// the old one while a follower still lists it, and a lease recorded under
+// the new session would pass its session check: errVanished, create again
+// (review 3, F8).
+func (l *Locker) create(parent, guid string) (string, int64, error) {
 	prefix := parent + "/" + protectedPrefix + guid + lockSuffix
 	search := false // a create's outcome is unknown: look before creating again
 	var err error
+	// owned returns path as session's, if the connection still has it.
+	owned := func(path string, session int64) (string, int64, error) {
+		if hook := afterCreate.Load(); hook != nil {
+			(*hook)(path)
+		}
+		if l.conn.SessionID() != session {
+			return "", 0, errVanished
+		}
+		return path, session, nil
+	}
 	// A lost connection is retried for as long as wait retries its looks:
 	// the session either comes back within its timeout or expires.
 	var failing time.Time
 	for try := 0; try < tries || time.Since(failing) <= l.SessionTimeout(); try++ {
 		if search {
 			var path string
+			session := l.conn.SessionID()
 			if path, err = l.find(parent, guid); err == nil && path != "" {
-				return path, nil
+				return owned(path, session)
 			}
 			if err == nil {
 				search = false
@@ -356,10 +373,11 @@ func (l *Locker) create(parent, guid string) (string, error) {
 		}
 		if !search {
 			var path string
+			session := l.conn.SessionID()
 			path, err = l.conn.Create(prefix, nil, zk.FlagEphemeral|zk.FlagSequence, acl)
 			switch {
 			case err == nil:
-				return path, nil
+				return owned(path, session)
 			case errors.Is(err, zk.ErrNoNode):
 				// No parent yet, or a container the server just removed.
 				err = l.makePath(parent)
@@ -374,22 +392,26 @@ func (l *Locker) create(parent, guid string) (string, error) {
 		case err == nil:
 			continue
 		case l.bg.Closed():
-			return "", errClosed
+			return "", 0, errClosed
 		case !ambiguous(err) && !errors.Is(err, zk.ErrSessionExpired):
-			return "", err
+			return "", 0, err
 		}
 		if failing.IsZero() {
 			failing = time.Now()
 		}
 		if !l.bg.Sleep(context.Background(), background.Backoff(try)) {
-			return "", errClosed
+			return "", 0, errClosed
 		}
 	}
 	if err == nil { // the parent kept vanishing
 		err = zk.ErrNoNode
 	}
-	return "", err
+	return "", 0, err
 }
+
+// afterCreate, set only by tests, runs where create has its node and is
+// about to check that its session is still the connection's.
+var afterCreate atomic.Pointer[func(path string)]
 
 // makePath creates path and its missing ancestors as container nodes.
 func (l *Locker) makePath(path string) error {

@@ -521,11 +521,19 @@ func (c *failDeletes) Write(p []byte) (int, error) {
 // waitFor polls ok for up to 10s.
 func waitFor(t *testing.T, ok func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
+	if !eventually(ok) {
+		t.Fatal("condition not met within 10s")
+	}
+}
+
+// eventually polls ok every 20 ms for up to 10 s, and says whether it held.
+func eventually(ok func() bool) bool {
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if ok() {
+			return true
 		}
 	}
+	return ok()
 }
 
 // The server must reap empty key parents faster than a catalogue adds

@@ -1,0 +1,155 @@
+package zklock_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/zklock"
+)
+
+// The session that owns a queue node is the one the connection had when
+// the create was sent. Here the session expires after the create answered
+// and before the Locker looks at its session (the connection goes silent,
+// the server expires the session and deletes the node, the client comes
+// back with a new session): the Locker must not take the dead node for the
+// new session's, or a lease granted on it, from a listing by a follower
+// that still shows the node, would pass its session check while the node
+// is gone (review 3, F8). Before the fix Enqueue reported the node as the
+// new session's.
+func TestSessionChangeAfterCreate(t *testing.T) {
+	servers := testbed.ZooKeeper(t)
+	var s silencer
+	l, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: time.Second, Dialer: s.dial})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	key := testbed.Prefix(t) + "/expired"
+	var fired atomic.Bool
+	var old int64
+	zklock.AfterCreate(t, func(path string) {
+		if !fired.CompareAndSwap(false, true) {
+			return
+		}
+		old = l.SessionID()
+		s.cut()
+		gone := eventually(func() bool {
+			var exists bool
+			err := withConn(t.Context(), servers, func(c *zk.Conn) (err error) {
+				exists, _, err = c.Exists(path)
+				return err
+			})
+			return err == nil && !exists
+		})
+		s.restore()
+		if !gone {
+			t.Error("the server kept the node of a session silent for 10 s")
+			return
+		}
+		if !eventually(func() bool { id := l.SessionID(); return id != 0 && id != old }) {
+			t.Error("the Locker got no new session within 10 s")
+		}
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	path, session, err := l.Enqueue(ctx, key)
+	if !fired.Load() {
+		t.Fatal("the session was not expired after the create: the test proves nothing")
+	}
+	if err == nil {
+		var st *zk.Stat
+		var exists bool
+		if err := withConn(ctx, servers, func(c *zk.Conn) (err error) {
+			exists, st, err = c.Exists(path)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case !exists:
+			t.Fatalf("Enqueue took %s for session 0x%x's, but it died with session 0x%x, expired after the create", path, session, old)
+		case st.EphemeralOwner != session:
+			t.Fatalf("Enqueue took %s for session 0x%x's, but session 0x%x owns it", path, session, st.EphemeralOwner)
+		}
+	}
+	t.Logf("Enqueue after the session changed: %v", err)
+	// The Locker serves on its new session, and leaves nothing behind.
+	lease, err := l.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !eventually(func() bool { n, err := queueLength(servers)(ctx, key); return err == nil && n == 0 }) {
+		t.Error("nodes left in the queue after the release")
+	}
+}
+
+// silencer dials ZooKeeper; cut makes the connections open so far silent
+// both ways (writes vanish, nothing is read: the server hears no ping and
+// expires the session) and refuses new dials until restore.
+type silencer struct {
+	mu     sync.Mutex
+	conns  []*silentConn
+	refuse bool
+}
+
+func (s *silencer) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.refuse {
+		return nil, errors.New("dial refused by the test")
+	}
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	sc := &silentConn{Conn: c}
+	s.conns = append(s.conns, sc)
+	return sc, nil
+}
+
+func (s *silencer) cut() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuse = true
+	for _, c := range s.conns {
+		c.silent.Store(true)
+	}
+}
+
+func (s *silencer) restore() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuse = false
+}
+
+type silentConn struct {
+	net.Conn
+	silent atomic.Bool
+}
+
+func (c *silentConn) Write(p []byte) (int, error) {
+	if c.silent.Load() {
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *silentConn) Read(p []byte) (int, error) {
+	for {
+		n, err := c.Conn.Read(p)
+		if err != nil || !c.silent.Load() {
+			return n, err
+		}
+	}
+}
