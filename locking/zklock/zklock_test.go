@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -534,88 +533,4 @@ func eventually(ok func() bool) bool {
 		}
 	}
 	return ok()
-}
-
-// The server must reap empty key parents faster than a catalogue adds
-// keys, or their number grows without bound. A private server (its reaper
-// serves this test alone, with the testbed's settings) gets n parents that
-// each had a node and lost it, as fast as 8 workers can make them; all
-// must be gone within 15 s of the last. OVERSOLD_LOCKTEST_KEYS sets n (2000
-// by default); the log gives the rate, to compare with 100 000 new keys a
-// minute.
-func TestReaperKeepsUp(t *testing.T) {
-	srv := locktest.PrivateServer(t, testbed.StartZooKeeper)
-	n := 2000
-	if v, err := strconv.Atoi(os.Getenv("OVERSOLD_LOCKTEST_KEYS")); err == nil && v > 0 {
-		n = v
-	}
-	servers := []string{srv.Addr}
-	const root = "/reap" // persistent: only the parents below it are containers
-	err := withConn(t.Context(), servers, func(c *zk.Conn) error {
-		if _, err := c.Create(root, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
-			return err
-		}
-		var (
-			next atomic.Int64
-			wg   sync.WaitGroup
-			errs = make(chan error, 8)
-		)
-		began := time.Now()
-		for range 8 {
-			wg.Go(func() {
-				for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-					parent := fmt.Sprintf("%s/%d", root, i)
-					if _, err := c.CreateContainer(parent, nil, zk.FlagContainer, zk.WorldACL(zk.PermAll)); err != nil {
-						errs <- err
-						return
-					}
-					node, err := c.Create(parent+"/lock-", nil, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
-					if err == nil {
-						err = c.Delete(node, -1)
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			})
-		}
-		// The backlog of empty parents while they are made.
-		peak := 0
-		done := make(chan struct{})
-		go func() { wg.Wait(); close(done) }()
-	sample:
-		for {
-			select {
-			case <-done:
-				break sample
-			case <-time.After(500 * time.Millisecond):
-				if names, _, err := c.Children(root); err == nil {
-					peak = max(peak, len(names))
-				}
-			}
-		}
-		close(errs)
-		if err := <-errs; err != nil {
-			return err
-		}
-		made := time.Since(began)
-		left := -1
-		for deadline := time.Now().Add(15 * time.Second); left != 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			names, _, err := c.Children(root)
-			if err != nil {
-				return err
-			}
-			left = len(names)
-		}
-		t.Logf("%d empty parents made in %v (%.0f a minute); backlog peak %d; %d left %v after the last",
-			n, made.Round(time.Millisecond), float64(n)/made.Minutes(), peak, left, (time.Since(began) - made).Round(time.Millisecond))
-		if left != 0 {
-			t.Errorf("%d of %d empty parents still there 15s after the last was made", left, n)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
