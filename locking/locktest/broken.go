@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/oversold-lab/oversold/locking"
 )
@@ -24,6 +25,7 @@ const (
 	IgnoringCtx     = "ignoring-ctx"      // Acquire waits on, whatever its ctx
 	LostNeverCloses = "lost-never-closes" // Lost is a channel nobody closes
 	ReleaseByKey    = "release-by-key"    // Release frees the key's latest grant, whoever holds it
+	LeakingTimer    = "leaking-timer"     // every grant starts a timer nobody stops
 )
 
 // Broken returns the broken variant this run tests, or "" for a real run.
@@ -64,6 +66,16 @@ func breakLocker(l locking.Locker) locking.Locker {
 			latest.byKey[key] = lease
 			latest.Unlock()
 			return byKey{lease}, nil
+		}
+	case LeakingTimer:
+		acquire = func(ctx context.Context, key string) (locking.Lease, error) {
+			lease, err := l.Acquire(ctx, key)
+			if err == nil {
+				// A renewal or fallback timer that Release forgets to
+				// stop: pending for an hour, so held by the runtime.
+				time.AfterFunc(time.Hour, func() {})
+			}
+			return lease, err
 		}
 	default:
 		return l

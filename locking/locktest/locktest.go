@@ -689,7 +689,7 @@ func CancelWhileServerPaused(t *testing.T, b Backend, srv *testbed.Server) {
 	release(t, held)
 }
 
-// keysEnv sets how many distinct keys ManyKeys takes: 300 by default, and
+// keysEnv sets how many distinct keys ManyKeys takes: 1000 by default, and
 // 100000 for the soak whose figures docs quote.
 const keysEnv = "OVERSOLD_LOCKTEST_KEYS"
 
@@ -699,19 +699,19 @@ const keysEnv = "OVERSOLD_LOCKTEST_KEYS"
 // that released keys leave nothing behind. It logs the figures, and the
 // server's State.
 func manyKeys(t *testing.T, b Backend, prefix string) {
-	n := 300
+	n := 1000
 	if v, err := strconv.Atoi(os.Getenv(keysEnv)); err == nil && v > 0 {
 		n = v
 	}
 	l := open(t, b)
-	// run takes keys from+1..to, 8 at a time.
-	run := func(from, to int) {
+	// run takes keys from+1..to, workers at a time.
+	run := func(from, to, workers int) {
 		var (
 			next atomic.Int64
 			wg   sync.WaitGroup
 		)
 		next.Store(int64(from))
-		for range 8 {
+		for range workers {
 			wg.Go(func() {
 				for i := next.Add(1); i <= int64(to); i = next.Add(1) {
 					lease, err := l.Acquire(t.Context(), fmt.Sprintf("%s/%d", prefix, i))
@@ -725,13 +725,15 @@ func manyKeys(t *testing.T, b Backend, prefix string) {
 		}
 		wg.Wait()
 	}
-	// A first tenth grows the pools and sessions to what 8 workers use.
+	// A first tenth, 16 at a time, grows the pools and sessions to more
+	// than what 8 workers use.
 	warm := max(n/10, 50)
-	run(0, warm)
+	run(0, warm, 16)
 	footBefore := settledFootprint(t, b)
-	before := runtime.NumGoroutine()
+	before := settledGoroutines()
+	heapBefore := liveHeap()
 	began := time.Now()
-	run(warm, warm+n)
+	run(warm, warm+n, 8)
 	took := time.Since(began)
 	// Lingering subscriptions and background cleanups end within seconds.
 	after := runtime.NumGoroutine()
@@ -739,6 +741,9 @@ func manyKeys(t *testing.T, b Backend, prefix string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	footAfter := footprintBack(t, b, footBefore)
+	settledGoroutines()
+	heapAfter := liveHeap()
+	grown := float64(heapAfter.objects-heapBefore.objects) / float64(n)
 	state := ""
 	if b.State != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -748,10 +753,16 @@ func manyKeys(t *testing.T, b Backend, prefix string) {
 			t.Errorf("server state: %v", err)
 		}
 	}
-	t.Logf("%s: %d distinct keys in %v (%.0f/s): goroutines %d before, %d after; %s%s",
-		b.Name, n, took.Round(time.Millisecond), float64(n)/took.Seconds(), before, after, state, footprintLine(footBefore, footAfter))
+	t.Logf("%s: %d distinct keys in %v (%.0f/s): goroutines %d before, %d after; live heap %d -> %d objects (%+.3f a key), %d -> %d bytes (%+.1f a key); %s%s",
+		b.Name, n, took.Round(time.Millisecond), float64(n)/took.Seconds(), before, after,
+		heapBefore.objects, heapAfter.objects, grown, heapBefore.bytes, heapAfter.bytes, float64(heapAfter.bytes-heapBefore.bytes)/float64(n),
+		state, footprintLine(footBefore, footAfter))
 	if after > before+4 {
 		t.Errorf("goroutines grew from %d to %d over %d distinct keys", before, after, n)
+	}
+	if grown > maxObjectsPerKey {
+		t.Errorf("live heap grew by %.3f objects a key over %d distinct keys, more than %g: something is kept per key (a timer never stopped, a map entry)",
+			grown, n, maxObjectsPerKey)
 	}
 	for what, was := range footBefore {
 		if now := footAfter[what]; now > was {
