@@ -67,7 +67,7 @@ func TestConformance(t *testing.T) {
 // checks that it fails each, in the subtest that checks the broken promise.
 func TestSuiteTeeth(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs the suite six times")
+		t.Skip("runs the suite seven times")
 	}
 	locktest.Teeth(t, map[string]string{
 		redislock.BareDel:        "ReleaseByOwnerOnly",
@@ -76,6 +76,7 @@ func TestSuiteTeeth(t *testing.T) {
 		locktest.IgnoringCtx:     "ReleaseByOwnerOnly",
 		locktest.LostNeverCloses: "LostWhenTakenOver",
 		locktest.ReleaseByKey:    "ReleaseByOwnerOnly",
+		locktest.LeakingTimer:    "ManyKeys",
 	})
 }
 
