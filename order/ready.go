@@ -62,10 +62,13 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	// Alone with its settings now, it may take the fences over from
 	// another backend's tokens.
-	if reset, err := s.store.AdoptFences(ctx, s.cfg.Lock); err != nil {
+	epoch, reset, err := s.store.AdoptFences(ctx, s.cfg.Lock)
+	if err != nil {
 		return fmt.Errorf("adopt fences for lock %q: %w", s.cfg.Lock, err)
-	} else if reset {
-		s.log.Warn("the lock backend changed: SKU fences reset to 0", "lock", s.cfg.Lock)
+	}
+	s.epoch.Store(epoch)
+	if reset {
+		s.log.Warn("the lock backend changed: fences moved to a new epoch", "lock", s.cfg.Lock, "epoch", epoch)
 	}
 	s.heartbeat.Go(s.sweepLoop)
 	s.heartbeat.Go(func() {
@@ -81,10 +84,26 @@ func (s *Service) Start(ctx context.Context) error {
 			if err := s.store.Heartbeat(ctx, s.replica()); err != nil {
 				s.log.Warn("replica heartbeat failed", "err", err)
 			}
+			s.refreshEpoch(ctx)
 			cancel()
 		}
 	})
 	return nil
+}
+
+// refreshEpoch takes the fences' epoch when they count in this replica's
+// backend's tokens: the fleet may have left the backend and come back to
+// it (a new epoch) while this replica was frozen. Under another backend's
+// epoch it keeps its own, which the fences refuse: 409 lock_lost, as a
+// lost lease, while /readyz names the mixed settings.
+func (s *Service) refreshEpoch(ctx context.Context) {
+	epoch, ok, err := s.store.FenceEpoch(ctx, s.cfg.Lock)
+	switch {
+	case err != nil:
+		s.log.Warn("fence epoch unread", "err", err)
+	case ok && epoch != s.epoch.Swap(epoch):
+		s.log.Warn("the fences moved to a new epoch of this replica's backend", "lock", s.cfg.Lock, "epoch", epoch)
+	}
 }
 
 // Close stops the heartbeat and removes this replica's row, so a restart

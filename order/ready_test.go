@@ -130,7 +130,7 @@ func TestLockSwitchResetsFences(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := t.Context()
-	if _, err := f.store.AdoptFences(ctx, "zookeeper"); err != nil {
+	if _, _, err := f.store.AdoptFences(ctx, "zookeeper"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.store.PutInventory(ctx, storage.Put{SKU: "switch", Stock: 10, Token: 1 << 33}); err != nil {
@@ -158,7 +158,7 @@ func TestLockSwitchResetsFences(t *testing.T) {
 	if rec := call(h, http.MethodPut, "/v1/inventory/switch", `{"stock": 20}`, "Authorization", "Bearer "+adminToken); rec.Code != http.StatusOK {
 		t.Errorf("guard fencing after the switch: PUT %d %s, want 200", rec.Code, rec.Body)
 	}
-	if reset, err := f.store.AdoptFences(ctx, "redis"); err != nil || reset {
+	if _, reset, err := f.store.AdoptFences(ctx, "redis"); err != nil || reset {
 		t.Errorf("a second redis replica: reset %v, err %v; want no reset", reset, err)
 	}
 }

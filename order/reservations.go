@@ -180,7 +180,7 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	for i := range lines {
 		lines[i].Token = token(leases, lines[i].SKU)
 		row.Token = max(row.Token, lines[i].Token)
-		moves[i] = storage.Move{Seen: seen[lines[i].SKU], Token: lines[i].Token, Stock: -lines[i].Quantity, Reserved: lines[i].Quantity}
+		moves[i] = storage.Move{Seen: seen[lines[i].SKU], Epoch: s.epoch.Load(), Token: lines[i].Token, Stock: -lines[i].Quantity, Reserved: lines[i].Quantity}
 	}
 	row.Lines = lines
 	if req.Key != "" {
@@ -323,11 +323,12 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 	}
 	s.reservationHook(ctx, HookSettleBeforeWrite, id, opOf[to], r.Lines[0].SKU, hookToken, "")
 
-	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, Lock: s.cfg.Lock, SweepToken: sweepToken}
+	epoch := s.epoch.Load()
+	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, Lock: s.cfg.Lock, SweepEpoch: epoch, SweepToken: sweepToken}
 	moves := make([]storage.Move, len(r.Lines))
 	for i, l := range r.Lines {
 		tok := token(leases, l.SKU)
-		moves[i] = storage.Move{Seen: seen[l.SKU], Token: tok, Stock: l.Quantity, Reserved: -l.Quantity}
+		moves[i] = storage.Move{Seen: seen[l.SKU], Epoch: epoch, Token: tok, Stock: l.Quantity, Reserved: -l.Quantity}
 		if to == storage.StatusConfirmed {
 			moves[i].Stock = 0
 			st.Orders = append(st.Orders, s.reservationOrder(id, l, tok))

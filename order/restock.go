@@ -30,7 +30,7 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersi
 			return storage.Inventory{}, fmt.Errorf("%w before the reset", ErrLockLost)
 		}
 		if s.cfg.Guard == storage.GuardFencing { // only fenced writes read the fence
-			put.Token = lease.Token()
+			put.Epoch, put.Token = s.epoch.Load(), lease.Token()
 		}
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)

@@ -143,6 +143,10 @@ type Service struct {
 	loads  singleflight.Group // concurrent reads of one SKU share one query
 	skus   knownSKUs          // SKUs seen in MySQL: they are never deleted
 
+	// epoch is the fence epoch of cfg.Lock (storage.Store.AdoptFences),
+	// carried with the token by every fenced write.
+	epoch atomic.Uint64
+
 	stopOnce  sync.Once
 	stop      chan struct{} // ends the heartbeat
 	heartbeat sync.WaitGroup
@@ -459,7 +463,7 @@ func (s *Service) newOrder(req Request, lease locking.Lease) storage.Order {
 // write is step 6: the guarded write and the orders in one transaction.
 // The lease was checked once before it (sell); there is no second check.
 func (s *Service) write(ctx context.Context, orders []storage.Order, seen inventory.Item, lease locking.Lease, first Request) (storage.Inventory, error) {
-	w := storage.Write{Guard: s.cfg.Guard, Orders: orders, Stock: seen.Stock, Version: seen.Version, Token: orders[0].Token}
+	w := storage.Write{Guard: s.cfg.Guard, Orders: orders, Stock: seen.Stock, Version: seen.Version, Epoch: s.epoch.Load(), Token: orders[0].Token}
 	return s.store.PlaceOrder(ctx, w, func() error {
 		s.hook(ctx, HookBeforeCommit, first, lease)
 		return nil

@@ -2,38 +2,110 @@ package storage
 
 import (
 	"context"
+	"strconv"
 
 	"gorm.io/gorm"
 )
 
-// fenceLockName is the meta row naming the lock backend whose tokens the
-// SKUs' fences hold.
-const fenceLockName = "fence_lock"
+// The meta rows naming the lock backend whose tokens the fences hold, and
+// the fence epoch: a number AdoptFences raises each time the backend
+// changes.
+const (
+	fenceLockName  = "fence_lock"
+	fenceEpochName = "fence_epoch"
+)
 
-// AdoptFences makes the SKUs' fences count in lock's tokens. Each backend
-// numbers its grants in its own space (a ZooKeeper czxid is at least 2^32,
-// a Redis counter starts at 1 per key), so after the fleet moves to another
-// backend the old fences would refuse every fenced write and every reset
-// for good. The first replica of the new backend sets them back to 0: the
-// old backend's holders are gone by then (a replica with other settings
-// does not start while one of them lives, order.ErrMixedSettings). A
-// database that never recorded its backend adopts lock as it stands.
-// It reports whether the fences were reset.
-func (s *Store) AdoptFences(ctx context.Context, lock string) (reset bool, err error) {
+// fenceBelow reports whether the fence (rowEpoch, rowToken) is below the
+// write's (epoch, token): whether the fencing guard lets the write pass.
+//
+// A fence is the pair (epoch, token), compared epoch first: every fenced
+// write carries the epoch its replica adopted (AdoptFences) with its
+// lease's token, and raises the row's pair to it. Each backend numbers
+// its grants in its own space (a ZooKeeper czxid is at least 2^32, a Redis
+// counter starts at 1 per key), so tokens of two backends must never be
+// compared: the epoch orders them instead. Any token of the current epoch
+// beats any fence an older epoch's writer left, and a writer of an older
+// epoch (a replica of the old backend that was frozen, or cut off from
+// MySQL, past the replicas' liveness window) is refused by every fence
+// the current epoch wrote or AdoptFences moved to it.
+func fenceBelow(rowEpoch, rowToken, epoch, token uint64) bool {
+	return rowEpoch < epoch || rowEpoch == epoch && rowToken < token
+}
+
+// AdoptFences makes the fences count in lock's tokens and returns the fence
+// epoch that lock's writes carry. A database that never recorded its
+// backend adopts lock as it stands, at epoch 0. When the fleet moves to
+// another backend, the first replica of the new one raises the epoch and
+// moves every fence (the SKUs' and the fences table's) to (new epoch, 0),
+// in one transaction with the meta rows, so its tokens pass at once and a
+// straggler of the old backend finds every fence above its epoch: refused,
+// whenever it writes. A replica with other settings does not start while
+// one of the old backend's replicas is live (order.ErrMixedSettings), but
+// one frozen past the liveness window is not seen; the epoch is what
+// fences it off. It reports whether the epoch moved.
+func (s *Store) AdoptFences(ctx context.Context, lock string) (epoch uint64, reset bool, err error) {
 	db := s.db.WithContext(ctx)
-	if err := db.Exec("INSERT IGNORE INTO meta (name, value) VALUES (?, ?)", fenceLockName, lock).Error; err != nil {
-		return false, err
+	err = db.Exec("INSERT IGNORE INTO meta (name, value) VALUES (?, ?), (?, '0')", fenceLockName, lock, fenceEpochName).Error
+	if err != nil {
+		return 0, false, err
 	}
 	err = db.Transaction(func(tx *gorm.DB) error {
 		var cur string
-		if err := tx.Raw("SELECT value FROM meta WHERE name = ? FOR UPDATE", fenceLockName).Row().Scan(&cur); err != nil || cur == lock {
+		if err := tx.Raw("SELECT value FROM meta WHERE name = ? FOR UPDATE", fenceLockName).Row().Scan(&cur); err != nil {
 			return err
 		}
-		if err := tx.Exec("UPDATE inventory SET fence = 0 WHERE fence <> 0").Error; err != nil {
+		var e string
+		if err := tx.Raw("SELECT value FROM meta WHERE name = ? FOR UPDATE", fenceEpochName).Row().Scan(&e); err != nil {
+			return err
+		}
+		var err error
+		if epoch, err = strconv.ParseUint(e, 10, 64); err != nil || cur == lock {
+			return err
+		}
+		epoch++
+		for _, q := range []string{
+			"UPDATE inventory SET fence = 0, fence_epoch = ? WHERE fence_epoch < ?",
+			"UPDATE fences SET fence = 0, epoch = ? WHERE epoch < ?",
+		} {
+			if err := tx.Exec(q, epoch, epoch).Error; err != nil {
+				return err
+			}
+		}
+		if err := tx.Exec("UPDATE meta SET value = ? WHERE name = ?", lock, fenceLockName).Error; err != nil {
 			return err
 		}
 		reset = true
-		return tx.Exec("UPDATE meta SET value = ? WHERE name = ?", lock, fenceLockName).Error
+		return tx.Exec("UPDATE meta SET value = ? WHERE name = ?", strconv.FormatUint(epoch, 10), fenceEpochName).Error
 	})
-	return reset, err
+	if err != nil {
+		return 0, false, err
+	}
+	return epoch, reset, nil
+}
+
+// FenceEpoch returns the fence epoch of lock when the fences count in
+// lock's tokens now (ok), and never adopts: a replica refreshes with it the
+// epoch it adopted at its start, in case the fleet left its backend and
+// came back to it meanwhile. A replica of another backend than the fences'
+// gets ok false and keeps its epoch, which the fences refuse.
+func (s *Store) FenceEpoch(ctx context.Context, lock string) (epoch uint64, ok bool, err error) {
+	// One statement: the two rows as of one snapshot.
+	var rows []Meta
+	err = s.db.WithContext(ctx).Raw("SELECT name, value FROM meta WHERE name IN (?, ?)", fenceLockName, fenceEpochName).Scan(&rows).Error
+	if err != nil {
+		return 0, false, err
+	}
+	var cur, e string
+	for _, r := range rows {
+		if r.Name == fenceLockName {
+			cur = r.Value
+		} else {
+			e = r.Value
+		}
+	}
+	if cur != lock || e == "" {
+		return 0, false, nil
+	}
+	epoch, err = strconv.ParseUint(e, 10, 64)
+	return epoch, err == nil, err
 }

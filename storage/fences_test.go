@@ -1,43 +1,252 @@
 package storage_test
 
 import (
+	"context"
+	"database/sql"
+	"errors"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/storage"
 )
 
-// TestAdoptFences: fences left by one backend's tokens are reset when the
-// fleet moves to another backend, and only then.
+// TestAdoptFences: the fences (a SKU's, and the fences table's) move to a
+// new epoch when the fleet moves to another backend, and only then; a
+// backend that comes back gets a new epoch again. FenceEpoch reads the
+// epoch of the fences' backend and nothing for another.
 func TestAdoptFences(t *testing.T) {
 	s := openStore(t)
 	ctx := t.Context()
 	if _, err := s.PutInventory(ctx, storage.Put{SKU: "af", Stock: 5, Token: 1 << 33}); err != nil {
 		t.Fatal(err)
 	}
-	fence := func() uint64 {
+	fence := func() (epoch, token uint64) {
 		t.Helper()
 		inv, err := s.Inventory(ctx, "af")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return inv.Fence
+		return inv.FenceEpoch, inv.Fence
 	}
 	for _, step := range []struct {
-		lock      string
-		reset     bool
-		wantFence uint64
+		lock             string
+		epoch            uint64
+		reset            bool
+		wantEpoch, token uint64
 	}{
-		{"zookeeper", false, 1 << 33}, // first record: adopted as it stands
-		{"zookeeper", false, 1 << 33},
-		{"redis", true, 0},
-		{"redis", false, 0},
+		{"zookeeper", 0, false, 0, 1 << 33}, // first record: adopted as it stands
+		{"zookeeper", 0, false, 0, 1 << 33},
+		{"redis", 1, true, 1, 0},
+		{"redis", 1, false, 1, 0},
+		{"zookeeper", 2, true, 2, 0},
 	} {
-		reset, err := s.AdoptFences(ctx, step.lock)
+		epoch, reset, err := s.AdoptFences(ctx, step.lock)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if reset != step.reset || fence() != step.wantFence {
-			t.Errorf("AdoptFences(%q): reset %v, fence %d; want %v, %d", step.lock, reset, fence(), step.reset, step.wantFence)
+		e, tok := fence()
+		if epoch != step.epoch || reset != step.reset || e != step.wantEpoch || tok != step.token {
+			t.Errorf("AdoptFences(%q): epoch %d, reset %v, fence (%d, %d); want %d, %v, (%d, %d)",
+				step.lock, epoch, reset, e, tok, step.epoch, step.reset, step.wantEpoch, step.token)
+		}
+		if got, ok, err := s.FenceEpoch(ctx, step.lock); err != nil || !ok || got != step.epoch {
+			t.Errorf("FenceEpoch(%q) after adopting it: %d, %v, %v; want %d", step.lock, got, ok, err, step.epoch)
+		}
+		if _, ok, err := s.FenceEpoch(ctx, "etcd"); err != nil || ok {
+			t.Errorf("FenceEpoch of a backend the fences do not count in: ok %v, %v; want false", ok, err)
 		}
 	}
+}
+
+// TestStaleBackendRefused is review-3 F3: after the fleet moved from
+// zookeeper to redis, a zookeeper replica that was frozen past the
+// liveness window writes with its old epoch and a token far above any
+// fence (a czxid). Every fenced write of it (order, reset, hold, sweeper
+// expiry) is refused, changing nothing; a SKU it creates takes its fence,
+// which the new backend's tokens beat; and the new backend's first
+// tokens (1, 2) pass on every row, before and after the straggler tried.
+func TestStaleBackendRefused(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	ctx := t.Context()
+	const czxid, stale = 1 << 33, 1 << 40
+	old, _, err := s.AdoptFences(ctx, "zookeeper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PutInventory(ctx, storage.Put{SKU: "f3", Stock: 10, Epoch: old, Token: czxid}); err != nil {
+		t.Fatal(err)
+	}
+	// The old backend's sweeper expired once: its fences row exists.
+	due := fencedHold(t, s, "f3", time.Microsecond, old, czxid+1)
+	waitDue(t, s, due)
+	if _, _, err := sweep(ctx, s, due, "zookeeper", old, czxid+2); err != nil {
+		t.Fatalf("the old backend's sweeper before the switch: %v", err)
+	}
+	cur, reset, err := s.AdoptFences(ctx, "redis")
+	if err != nil || !reset || cur == old {
+		t.Fatalf("AdoptFences(redis): epoch %d (old %d), reset %v, %v", cur, old, reset, err)
+	}
+	a, b := fencedHold(t, s, "f3", time.Microsecond, cur, 1), fencedHold(t, s, "f3", time.Microsecond, cur, 2)
+	waitDue(t, s, b)
+
+	// due: a reservation due and held, for the straggler's sweeper.
+	straggle := func(when, due string) {
+		t.Helper()
+		before, err := s.Inventory(ctx, "f3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := storage.Write{Guard: storage.GuardFencing, Orders: []storage.Order{newOrder("f3", 1, "")},
+			Stock: before.Stock, Version: before.Version, Epoch: old, Token: stale}
+		if _, err := s.PlaceOrder(ctx, w, nil); !errors.Is(err, storage.ErrStaleFence) {
+			t.Errorf("%s: the straggler's order: %v, want %v", when, err, storage.ErrStaleFence)
+		}
+		if _, err := s.PutInventory(ctx, storage.Put{SKU: "f3", Stock: 99, Epoch: old, Token: stale}); !errors.Is(err, storage.ErrStaleFence) {
+			t.Errorf("%s: the straggler's reset: %v, want %v", when, err, storage.ErrStaleFence)
+		}
+		r := storage.Reservation{ID: uuid.Must(uuid.NewV7()).String(), Lines: storage.Lines{{SKU: "f3", Quantity: 1, Token: stale}}, Instance: "zk", Lock: "zookeeper", Token: stale}
+		m := storage.Move{Seen: before, Epoch: old, Token: stale, Stock: -1, Reserved: 1}
+		if _, _, err := s.Hold(ctx, storage.GuardFencing, r, time.Minute, []storage.Move{m}); !errors.Is(err, storage.ErrStaleFence) {
+			t.Errorf("%s: the straggler's hold: %v, want %v", when, err, storage.ErrStaleFence)
+		}
+		if _, _, err := sweep(ctx, s, due, "zookeeper", old, stale); !errors.Is(err, storage.ErrStaleSweeper) {
+			t.Errorf("%s: the straggler's sweeper: %v, want %v", when, err, storage.ErrStaleSweeper)
+		}
+		after, err := s.Inventory(ctx, "f3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after != before {
+			t.Errorf("%s: the straggler's refused writes changed the row: %+v, was %+v", when, after, before)
+		}
+	}
+	straggle("before any write of the new backend", a)
+
+	// The new backend's first tokens.
+	inv, err := s.Inventory(ctx, "f3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := storage.Write{Guard: storage.GuardFencing, Orders: []storage.Order{newOrder("f3", 1, "")},
+		Stock: inv.Stock, Version: inv.Version, Epoch: cur, Token: 3}
+	if _, err := s.PlaceOrder(ctx, w, nil); err != nil {
+		t.Errorf("the new backend's order under token 3: %v", err)
+	}
+	if _, err := s.PutInventory(ctx, storage.Put{SKU: "f3", Stock: 20, Epoch: cur, Token: 4}); err != nil {
+		t.Errorf("the new backend's reset under token 4: %v", err)
+	}
+	if _, _, err := sweep(ctx, s, a, "redis", cur, 1); err != nil {
+		t.Errorf("the new backend's sweeper under token 1: %v", err)
+	}
+	straggle("after the new backend wrote", b)
+
+	// A SKU the straggler creates holds its fence, below the new epoch.
+	if _, err := s.PutInventory(ctx, storage.Put{SKU: "f3-new", Stock: 5, Epoch: old, Token: stale}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PutInventory(ctx, storage.Put{SKU: "f3-new", Stock: 6, Epoch: cur, Token: 5}); err != nil {
+		t.Errorf("the new backend's reset of a SKU the straggler created: %v", err)
+	}
+	got, err := s.Inventory(ctx, "f3-new")
+	if err != nil || got.FenceEpoch != cur || got.Fence != 5 || got.Stock != 6 {
+		t.Errorf("after the new backend's reset: %+v, %v; want fence (%d, 5), stock 6", got, err, cur)
+	}
+}
+
+// TestAdoptionWaitsForAWriteInFlight: a straggler's fenced write whose
+// UPDATE ran before the switch and whose commit comes after it (frozen
+// between the two, its row lock held) lands before the adoption, which
+// waits for the row: the fence ends at the new epoch all the same, and the
+// new backend's first token passes.
+func TestAdoptionWaitsForAWriteInFlight(t *testing.T) {
+	t.Parallel()
+	dsn := testbed.MySQL(t)
+	s, err := storage.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := t.Context()
+	old, _, err := s.AdoptFences(ctx, "zookeeper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := s.PutInventory(ctx, storage.Put{SKU: "fly", Stock: 10, Epoch: old, Token: 1 << 33})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen, thaw := make(chan struct{}), make(chan struct{})
+	wrote := make(chan error, 1)
+	go func() {
+		w := storage.Write{Guard: storage.GuardFencing, Orders: []storage.Order{newOrder("fly", 1, "")},
+			Stock: inv.Stock, Version: inv.Version, Epoch: old, Token: 1 << 40}
+		_, err := s.PlaceOrder(ctx, w, func() error { close(frozen); <-thaw; return nil })
+		wrote <- err
+	}()
+	<-frozen
+	type adopted struct {
+		epoch uint64
+		err   error
+	}
+	adopt := make(chan adopted, 1)
+	go func() {
+		e, _, err := s.AdoptFences(ctx, "redis")
+		adopt <- adopted{e, err}
+	}()
+	waitStatement(t, db, "UPDATE inventory SET fence = 0")
+	close(thaw)
+	if err := <-wrote; err != nil {
+		t.Fatalf("the straggler's write in flight: %v", err)
+	}
+	a := <-adopt
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	got, err := s.Inventory(ctx, "fly")
+	if err != nil || got.FenceEpoch != a.epoch || got.Fence != 0 || got.Stock != 9 {
+		t.Fatalf("after the adoption: %+v, %v; want fence (%d, 0), stock 9", got, err, a.epoch)
+	}
+	w := storage.Write{Guard: storage.GuardFencing, Orders: []storage.Order{newOrder("fly", 1, "")},
+		Stock: got.Stock, Version: got.Version, Epoch: a.epoch, Token: 1}
+	if _, err := s.PlaceOrder(ctx, w, nil); err != nil {
+		t.Errorf("the new backend's first order: %v", err)
+	}
+}
+
+// fencedHold holds 1 of sku for ttl under the fencing guard with (epoch,
+// token) and returns the reservation's id.
+func fencedHold(t *testing.T, s *storage.Store, sku string, ttl time.Duration, epoch, token uint64) string {
+	t.Helper()
+	seen, err := s.Inventory(t.Context(), sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := storage.Reservation{ID: uuid.Must(uuid.NewV7()).String(), Lines: storage.Lines{{SKU: sku, Quantity: 1, Token: token}}, Instance: "t", Lock: "t", Token: token}
+	m := storage.Move{Seen: seen, Epoch: epoch, Token: token, Stock: -1, Reserved: 1}
+	if _, _, err := s.Hold(t.Context(), storage.GuardFencing, r, ttl, []storage.Move{m}); err != nil {
+		t.Fatal(err)
+	}
+	return r.ID
+}
+
+// sweep is an expiry of reservation id (1 of one SKU) by lock's sweeper
+// under (epoch, token), the SKU's write under the atomic guard: the
+// sweeper fence alone decides.
+func sweep(ctx context.Context, s *storage.Store, id, lock string, epoch, token uint64) (storage.Reservation, []storage.Inventory, error) {
+	r, err := s.Reservation(ctx, id)
+	if err != nil {
+		return storage.Reservation{}, nil, err
+	}
+	l := r.Lines[0]
+	st := storage.Settlement{ID: id, To: storage.StatusExpired, By: "sweeper", Lock: lock, SweepEpoch: epoch, SweepToken: token}
+	return s.Settle(ctx, storage.GuardAtomic, st, []storage.Move{{Seen: storage.Inventory{SKU: l.SKU}, Stock: l.Quantity, Reserved: -l.Quantity}})
 }

@@ -6,18 +6,21 @@ import (
 )
 
 // Inventory is one SKU's stock. Version grows with every write, whatever
-// the guard, so the cache can tell a newer entry from an older one. Fence is
-// the highest fencing token that wrote the row (fencing guard only). Stock
-// is what can be sold or held now; Reserved is what reservations hold
-// (docs/design.md, "Reservations"): stock set = Stock + Reserved + sold.
+// the guard, so the cache can tell a newer entry from an older one.
+// (FenceEpoch, Fence) is the highest fence that wrote the row (fencing
+// guard only; see fenceBelow): the epoch the writer adopted, and its
+// lease's token. Stock is what can be sold or held now; Reserved is what
+// reservations hold (docs/design.md, "Reservations"): stock set = Stock +
+// Reserved + sold.
 type Inventory struct {
-	SKU       string    `gorm:"column:sku;type:varbinary(64);primaryKey"`
-	Stock     int64     `gorm:"not null"`
-	Reserved  int64     `gorm:"not null;default:0"`
-	Version   uint64    `gorm:"not null"`
-	Fence     uint64    `gorm:"not null"`
-	CreatedAt time.Time `gorm:"type:datetime(6);not null"`
-	UpdatedAt time.Time `gorm:"type:datetime(6);not null"`
+	SKU        string    `gorm:"column:sku;type:varbinary(64);primaryKey"`
+	Stock      int64     `gorm:"not null"`
+	Reserved   int64     `gorm:"not null;default:0"`
+	Version    uint64    `gorm:"not null"`
+	Fence      uint64    `gorm:"not null"`
+	FenceEpoch uint64    `gorm:"not null;default:0"`
+	CreatedAt  time.Time `gorm:"type:datetime(6);not null"`
+	UpdatedAt  time.Time `gorm:"type:datetime(6);not null"`
 }
 
 // TableName fixes the table's name: the lab and outside tools read it.

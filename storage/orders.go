@@ -47,7 +47,10 @@ type Write struct {
 	Version uint64
 	// Token is the lease's fencing token (fencing guard, which also
 	// requires Version: a valid token on a stale read, as a cache that
-	// lost writes in a failover gives, must not write).
+	// lost writes in a failover gives, must not write), and Epoch the
+	// fence epoch of its backend (AdoptFences): the guard compares the
+	// pair (Epoch, Token) with the row's (see fenceBelow).
+	Epoch uint64
 	Token uint64
 }
 
@@ -108,11 +111,11 @@ func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() err
 		// Every guard bumps version, so a row that matched also changed:
 		// zero rows means the guard refused, or there is no such SKU.
 		if !changed {
-			return refusal(tx, w.Guard, w.sku(), w.Token)
+			return refusal(tx, w.Guard, w.sku(), w.Epoch, w.Token)
 		}
 		inv.Version = version
 		if w.Guard == GuardFencing {
-			inv.Fence = w.Token
+			inv.Fence, inv.FenceEpoch = w.Token, w.Epoch
 		}
 		if !insertFirst {
 			if err := insertOrder(tx, w); err != nil {
@@ -178,9 +181,9 @@ func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, c
 			WHERE sku = ? AND version = ?`
 		args = []any{w.Stock - q, sku, w.Version}
 	case GuardFencing:
-		query = `UPDATE inventory SET stock = ?, fence = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ? AND fence < ? AND version = ?`
-		args = []any{w.Stock - q, w.Token, sku, w.Token, w.Version}
+		query = `UPDATE inventory SET stock = ?, fence = ?, fence_epoch = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
+			WHERE sku = ? AND (fence_epoch, fence) < (?, ?) AND version = ?`
+		args = []any{w.Stock - q, w.Token, w.Epoch, sku, w.Epoch, w.Token, w.Version}
 	case GuardAtomic:
 		query = `UPDATE inventory SET stock = stock - ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
 			WHERE sku = ? AND stock >= ?`
@@ -210,11 +213,11 @@ func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, c
 // holder wrote (ErrStaleFence, the lease is lost), or the row moved on
 // since the read the write is based on (ErrConflict: a stale cache entry,
 // to be read again under the same lock).
-func refusal(tx *gorm.DB, guard Guard, sku string, token uint64) error {
+func refusal(tx *gorm.DB, guard Guard, sku string, epoch, token uint64) error {
 	// A locking read sees the row as last committed, as the UPDATE did,
 	// not the transaction's snapshot (taken earlier by a multi-SKU move).
 	var rows []Inventory
-	err := tx.Raw("SELECT fence FROM inventory WHERE sku = ? LOCK IN SHARE MODE", sku).Scan(&rows).Error
+	err := tx.Raw("SELECT fence, fence_epoch FROM inventory WHERE sku = ? LOCK IN SHARE MODE", sku).Scan(&rows).Error
 	switch {
 	case err != nil:
 		return err
@@ -222,7 +225,7 @@ func refusal(tx *gorm.DB, guard Guard, sku string, token uint64) error {
 		return ErrUnknownSKU
 	case guard == GuardVersion:
 		return ErrConflict
-	case guard == GuardFencing && rows[0].Fence >= token:
+	case guard == GuardFencing && !fenceBelow(rows[0].FenceEpoch, rows[0].Fence, epoch, token):
 		return ErrStaleFence
 	case guard == GuardFencing:
 		return ErrConflict
@@ -284,10 +287,21 @@ type Put struct {
 	// refused with ErrPrecondition if the row has another (or none).
 	IfVersion uint64
 	// Token is the fencing token of the SKU's lease the reset is made
-	// under (0: none). A token not above the row's fence is a lease a
-	// newer holder has written past: ErrStaleFence. The row's fence
-	// becomes Token, so an older holder's write after the reset is refused.
+	// under (0: none), Epoch the fence epoch of its backend. A pair not
+	// above the row's fence (see fenceBelow) is a lease a newer holder has
+	// written past, or one of a backend the fleet has left: ErrStaleFence.
+	// The row's fence becomes the pair, so an older holder's write after
+	// the reset is refused.
+	Epoch uint64
 	Token uint64
+}
+
+// fenceEpoch is the epoch a reset writes with its token: none without one.
+func (p Put) fenceEpoch() uint64 {
+	if p.Token == 0 {
+		return 0
+	}
+	return p.Epoch
 }
 
 // PutInventory creates the SKU with p.Stock, or resets its stock, bumping
@@ -311,22 +325,30 @@ func (s *Store) PutInventory(ctx context.Context, p Put) (Inventory, error) {
 			}
 			// Two creators of one SKU at once: the second one's INSERT
 			// waits for the first's row and then updates it, as a reset
-			// would.
-			err = tx.Exec(`INSERT INTO inventory (sku, stock, version, fence, created_at, updated_at)
-				VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
+			// would, the fence going to the greater pair. MySQL assigns
+			// left to right, each assignment seeing the ones before:
+			// fence_epoch goes last.
+			err = tx.Exec(`INSERT INTO inventory (sku, stock, version, fence, fence_epoch, created_at, updated_at)
+				VALUES (?, ?, 1, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 				ON DUPLICATE KEY UPDATE stock = VALUES(stock), version = version + 1,
-					fence = GREATEST(fence, VALUES(fence)), updated_at = VALUES(updated_at)`,
-				p.SKU, p.Stock, p.Token).Error
+					fence = IF((fence_epoch, fence) < (VALUES(fence_epoch), VALUES(fence)), VALUES(fence), fence),
+					fence_epoch = GREATEST(fence_epoch, VALUES(fence_epoch)), updated_at = VALUES(updated_at)`,
+				p.SKU, p.Stock, p.Token, p.fenceEpoch()).Error
 		case err != nil:
 			return err
 		case p.IfVersion != 0 && cur.Version != p.IfVersion:
 			return ErrPrecondition
-		case p.Token != 0 && p.Token <= cur.Fence:
+		case p.Token != 0 && !fenceBelow(cur.FenceEpoch, cur.Fence, p.Epoch, p.Token):
 			return ErrStaleFence
 		default:
+			// The row is locked since the read: cur is its fence.
+			fence, epoch := cur.Fence, cur.FenceEpoch
+			if p.Token != 0 {
+				fence, epoch = p.Token, p.Epoch
+			}
 			err = tx.Exec(`UPDATE inventory SET stock = ?, version = version + 1,
-				fence = GREATEST(fence, ?), updated_at = UTC_TIMESTAMP(6) WHERE sku = ?`,
-				p.Stock, p.Token, p.SKU).Error
+				fence = ?, fence_epoch = ?, updated_at = UTC_TIMESTAMP(6) WHERE sku = ?`,
+				p.Stock, fence, epoch, p.SKU).Error
 		}
 		if err != nil {
 			return err

@@ -90,13 +90,16 @@ type Reservation struct {
 func (Reservation) TableName() string { return "reservations" }
 
 // Fence is a named fencing counter for writers that are not a SKU's: the
-// sweeper's (SweeperFence). A write under token t passes only if no write
-// under a greater token came before. Each lock backend counts its tokens
-// its own way, so each has a row of its own: a switch of backend must not
-// leave the new sweeper fenced off by the old one's larger numbers.
+// sweeper's (SweeperFence). A write under (epoch, token) passes only if no
+// write under a greater pair came before (see fenceBelow). Each lock
+// backend has a row of its own, and AdoptFences moves every row to the new
+// epoch: a switch of backend neither leaves the new sweeper fenced off by
+// the old one's larger numbers nor lets a straggler of the old backend
+// sweep on.
 type Fence struct {
 	Name   string `gorm:"type:varbinary(64);primaryKey"`
 	Fence  uint64 `gorm:"not null"`
+	Epoch  uint64 `gorm:"not null;default:0"`
 	Writes uint64 `gorm:"not null"` // bumped by every write, so a pass always changes the row
 }
 
@@ -151,10 +154,12 @@ func ReservationFingerprint(lines []Line, ttlSeconds int64) []byte {
 // row as the caller read it under its lease (Seen), the lease's token, and
 // the change of stock and reserved. The guard applies as in PlaceOrder:
 // none writes Seen + change; version also requires Seen.Version; fencing
-// requires a fence below Token and raises it, and Seen.Version too; atomic adds the change in
-// place, refused when either would go negative.
+// requires a fence below (Epoch, Token) and raises it, and Seen.Version
+// too; atomic adds the change in place, refused when either would go
+// negative.
 type Move struct {
 	Seen     Inventory
+	Epoch    uint64 // the fence epoch of the lease's backend (Write.Epoch)
 	Token    uint64
 	Stock    int64 // change of stock: -q to hold, +q to give back
 	Reserved int64 // change of reserved: +q to hold, -q to settle
@@ -193,13 +198,15 @@ func (s *Store) Hold(ctx context.Context, guard Guard, r Reservation, ttl time.D
 // Settlement is a reservation leaving held: to confirmed (Orders are
 // inserted, one per line), cancelled or expired (the stock goes back).
 // SweepToken, for an expiry by a sweeper holding the lock `sweeper` with a
-// token, is checked against SweeperFence(Lock) in the same transaction.
+// token, is checked with SweepEpoch (the fence epoch of its backend)
+// against SweeperFence(Lock) in the same transaction.
 type Settlement struct {
 	ID         string
 	To         string // StatusConfirmed, StatusCancelled or StatusExpired
 	By         string // the replica
 	Lock       string // its lock backend
 	Orders     []Order
+	SweepEpoch uint64
 	SweepToken uint64
 }
 
@@ -228,12 +235,14 @@ func (s *Store) Settle(ctx context.Context, guard Guard, st Settlement, moves []
 		}
 		if st.SweepToken != 0 {
 			// Inserted at the first write; afterwards changed (writes
-			// grows) only under a token at least the fence: 0 rows
-			// affected is a refusal.
-			res := tx.Exec(`INSERT INTO fences (name, fence, writes) VALUES (?, ?, 1)
-				ON DUPLICATE KEY UPDATE writes = IF(fence <= VALUES(fence), writes + 1, writes),
-					fence = IF(fence <= VALUES(fence), VALUES(fence), fence)`,
-				SweeperFence(st.Lock), st.SweepToken)
+			// grows) only under a pair at least the fence: 0 rows
+			// affected is a refusal. MySQL assigns left to right, each
+			// assignment seeing the ones before: epoch goes last.
+			res := tx.Exec(`INSERT INTO fences (name, fence, epoch, writes) VALUES (?, ?, ?, 1)
+				ON DUPLICATE KEY UPDATE writes = IF((epoch, fence) <= (VALUES(epoch), VALUES(fence)), writes + 1, writes),
+					fence = IF((epoch, fence) <= (VALUES(epoch), VALUES(fence)), VALUES(fence), fence),
+					epoch = GREATEST(epoch, VALUES(epoch))`,
+				SweeperFence(st.Lock), st.SweepToken, st.SweepEpoch)
 			if res.Error != nil {
 				return res.Error
 			}
@@ -292,9 +301,9 @@ func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, l ledger, moves [
 				WHERE sku = ? AND version = ?`
 			args = []any{newStock, newReserved, sku, m.Seen.Version}
 		case GuardFencing:
-			query = `UPDATE inventory SET stock = ?, reserved = ?, fence = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
-				WHERE sku = ? AND fence < ? AND version = ?`
-			args = []any{newStock, newReserved, m.Token, sku, m.Token, m.Seen.Version}
+			query = `UPDATE inventory SET stock = ?, reserved = ?, fence = ?, fence_epoch = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
+				WHERE sku = ? AND (fence_epoch, fence) < (?, ?) AND version = ?`
+			args = []any{newStock, newReserved, m.Token, m.Epoch, sku, m.Epoch, m.Token, m.Seen.Version}
 		case GuardAtomic:
 			query = `UPDATE inventory SET stock = stock + ?, reserved = reserved + ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
 				WHERE sku = ? AND stock + ? >= 0 AND reserved + ? >= 0`
@@ -309,7 +318,7 @@ func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, l ledger, moves [
 		if n, err := res.RowsAffected(); err != nil {
 			return nil, err
 		} else if n == 0 {
-			return nil, fmt.Errorf("%q: %w", sku, refusal(tx, guard, sku, m.Token))
+			return nil, fmt.Errorf("%q: %w", sku, refusal(tx, guard, sku, m.Epoch, m.Token))
 		}
 		_, err = tx.Statement.ConnPool.ExecContext(ctx, "INSERT INTO reservation_moves (reservation_id, sku, op, stock, reserved, instance, token, created_at) "+
 			"VALUES (?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))", l.reservation, sku, moveOp[l.to], m.Stock, m.Reserved, l.instance, m.Token)
