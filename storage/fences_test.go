@@ -80,18 +80,18 @@ func TestStaleBackendRefused(t *testing.T) {
 	if _, err := s.PutInventory(ctx, storage.Put{SKU: "f3", Stock: 10, Epoch: old, Token: czxid}); err != nil {
 		t.Fatal(err)
 	}
-	// The old backend's sweeper expired once: its fences row exists.
-	due := fencedHold(t, s, "f3", time.Microsecond, old, czxid+1)
-	waitDue(t, s, due)
-	if _, _, err := sweep(ctx, s, due, "zookeeper", old, czxid+2); err != nil {
+	// Due reservations of another SKU (atomic guard) for the sweepers;
+	// the old backend's sweeper expired one: its fences row exists.
+	put(t, s, "f3-swept", 10)
+	due, a, b := hold(t, s, "f3-swept", 0), hold(t, s, "f3-swept", 0), hold(t, s, "f3-swept", 0)
+	waitDue(t, s, b)
+	if _, _, err := sweep(ctx, s, due, "zookeeper", old, czxid+1); err != nil {
 		t.Fatalf("the old backend's sweeper before the switch: %v", err)
 	}
 	cur, reset, err := s.AdoptFences(ctx, "redis")
 	if err != nil || !reset || cur == old {
 		t.Fatalf("AdoptFences(redis): epoch %d (old %d), reset %v, %v", cur, old, reset, err)
 	}
-	a, b := fencedHold(t, s, "f3", time.Microsecond, cur, 1), fencedHold(t, s, "f3", time.Microsecond, cur, 2)
-	waitDue(t, s, b)
 
 	// due: a reservation due and held, for the straggler's sweeper.
 	straggle := func(when, due string) {
@@ -192,7 +192,11 @@ func TestAdoptionWaitsForAWriteInFlight(t *testing.T) {
 		_, err := s.PlaceOrder(ctx, w, func() error { close(frozen); <-thaw; return nil })
 		wrote <- err
 	}()
-	<-frozen
+	select {
+	case <-frozen:
+	case err := <-wrote:
+		t.Fatalf("the straggler's write before the switch: %v, want it to reach its commit", err)
+	}
 	type adopted struct {
 		epoch uint64
 		err   error
@@ -220,22 +224,6 @@ func TestAdoptionWaitsForAWriteInFlight(t *testing.T) {
 	if _, err := s.PlaceOrder(ctx, w, nil); err != nil {
 		t.Errorf("the new backend's first order: %v", err)
 	}
-}
-
-// fencedHold holds 1 of sku for ttl under the fencing guard with (epoch,
-// token) and returns the reservation's id.
-func fencedHold(t *testing.T, s *storage.Store, sku string, ttl time.Duration, epoch, token uint64) string {
-	t.Helper()
-	seen, err := s.Inventory(t.Context(), sku)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := storage.Reservation{ID: uuid.Must(uuid.NewV7()).String(), Lines: storage.Lines{{SKU: sku, Quantity: 1, Token: token}}, Instance: "t", Lock: "t", Token: token}
-	m := storage.Move{Seen: seen, Epoch: epoch, Token: token, Stock: -1, Reserved: 1}
-	if _, _, err := s.Hold(t.Context(), storage.GuardFencing, r, ttl, []storage.Move{m}); err != nil {
-		t.Fatal(err)
-	}
-	return r.ID
 }
 
 // sweep is an expiry of reservation id (1 of one SKU) by lock's sweeper
