@@ -21,9 +21,9 @@ const (
 // A fence is the pair (epoch, token), compared epoch first: every fenced
 // write carries the epoch its replica adopted (AdoptFences) with its
 // lease's token, and raises the row's pair to it. Each backend numbers
-// its grants in its own space (a ZooKeeper czxid is at least 2^32, a Redis
-// counter starts at 1 per key), so tokens of two backends must never be
-// compared: the epoch orders them instead. Any token of the current epoch
+// its grants in its own space (ZooKeeper's zxids, a Redis counter from 1
+// per key), so tokens of two backends must never be compared: the epoch
+// orders them instead. Any token of the current epoch
 // beats any fence an older epoch's writer left, and a writer of an older
 // epoch (a replica of the old backend that was frozen, or cut off from
 // MySQL, past the replicas' liveness window) is refused by every fence

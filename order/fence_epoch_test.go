@@ -1,0 +1,117 @@
+package order_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/order"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// TestOldBackendStragglerRefused is review-3 F3 on real ZooKeeper, Redis
+// and MariaDB, under guard fencing: a zookeeper replica (zxid tokens)
+// wrote the SKU, then froze past the liveness window (its row gone, as a
+// lapsed one), and the fleet moved to redis (a counter from 1 per key).
+// When the straggler comes back, its order, reset and hold are refused
+// with 409 lock_lost, nothing written; the redis replica's orders, resets
+// and holds pass before and after it tried. Before the fence epoch, the
+// straggler's order passed the reset fence (201) and raised it to its zxid,
+// above which every redis token of the SKU was 409 lock_lost until the
+// counter caught up (for good against a real ensemble's zxids, >= 2^32).
+func TestOldBackendStragglerRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	admin := []string{"Authorization", "Bearer " + adminToken}
+	open := func(name string, bc backends.Config) order.Locker {
+		t.Helper()
+		bc.TTL = 5 * time.Second
+		l, err := backends.Open(ctx, name, bc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	cfg := func(instance, lock string) order.Config {
+		return order.Config{Instance: instance, Lock: lock, Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute}
+	}
+
+	old := f.service(open("zookeeper", backends.Config{ZKServers: testbed.ZooKeeper(t)}), cfg("zk1", "zookeeper"))
+	if err := old.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	oh := old.Handler()
+	wantCode(t, call(oh, http.MethodPut, "/v1/inventory/f3", `{"stock": 10}`, admin...), http.StatusOK, "")
+	wantCode(t, post(oh, "f3", 1), http.StatusCreated, "")
+	// Frozen past the liveness window: no heartbeat, its row lapsed. Its
+	// handler, store and locker live on.
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	cur := f.service(open("redis", backends.Config{RedisAddr: f.redis}), cfg("rd1", "redis"))
+	if err := cur.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cur.Close() })
+	h := cur.Handler()
+
+	straggle := func(when string) {
+		t.Helper()
+		before := getInv(t, h, "f3")
+		t.Logf("%s: the straggler's order, reset and hold", when)
+		wantCode(t, post(oh, "f3", 1), http.StatusConflict, "lock_lost")
+		wantCode(t, call(oh, http.MethodPut, "/v1/inventory/f3", `{"stock": 99}`, admin...), http.StatusConflict, "lock_lost")
+		wantCode(t, hold(oh, 60, "", "f3", 1), http.StatusConflict, "lock_lost")
+		if after := getInv(t, h, "f3"); after != before {
+			t.Errorf("%s: the straggler's refused writes changed the SKU: %+v, was %+v", when, after, before)
+		}
+	}
+	straggle("before any write under redis")
+	wantCode(t, post(h, "f3", 1), http.StatusCreated, "")
+	wantCode(t, call(h, http.MethodPut, "/v1/inventory/f3", `{"stock": 20}`, admin...), http.StatusOK, "")
+	wantCode(t, hold(h, 60, "", "f3", 1), http.StatusCreated, "")
+	straggle("after redis wrote")
+	wantCode(t, post(h, "f3", 1), http.StatusCreated, "")
+	wantInv(t, h, "f3", 18, 1)
+}
+
+// TestEpochRefreshedAfterARoundTrip: a redis replica frozen while the
+// fleet went to zookeeper and back to redis (a new epoch, the fences
+// moved to it) takes the new epoch from its heartbeat and sells again;
+// its own tokens are redis's, as the new epoch's are.
+func TestEpochRefreshedAfterARoundTrip(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	l, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	svc := f.service(l, order.Config{Instance: "rd1", Lock: "redis", Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute})
+	if err := svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close() })
+	s := svc.Handler()
+	wantCode(t, call(s, http.MethodPut, "/v1/inventory/rt", `{"stock": 10}`, "Authorization", "Bearer "+adminToken), http.StatusOK, "")
+	for _, lock := range []string{"zookeeper", "redis"} {
+		if _, reset, err := f.store.AdoptFences(ctx, lock); err != nil || !reset {
+			t.Fatalf("AdoptFences(%s): reset %v, %v", lock, reset, err)
+		}
+	}
+	start := time.Now()
+	defer func() { t.Logf("sold again after %v", time.Since(start)) }()
+	deadline := time.Now().Add(15 * time.Second)
+	for rec := post(s, "rt", 1); rec.Code != http.StatusCreated; rec = post(s, "rt", 1) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica of the epoch before: order %d %s 15 s after the round trip, want 201 once its heartbeat read the new epoch", rec.Code, rec.Body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
