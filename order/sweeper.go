@@ -14,9 +14,10 @@ import (
 // Expiry itself needs no sweep: MySQL's clock already refuses a confirm or
 // a cancel past expires_at (settleOnce). Every replica runs one. With a
 // distributed lock one sweeps at a time, holding the lock `sweeper`, and
-// each expiry passes the lease's token to storage.SweeperFence in its
-// transaction: a sweeper paused past its lease is refused once a newer one
-// has written. With lock none or local every replica sweeps; the
+// each expiry passes the lease's token, with the replica's fence epoch, to
+// storage.SweeperFence in its transaction: a sweeper paused past its lease
+// is refused once a newer one has written, and one of a backend the fleet
+// has left at once. With lock none or local every replica sweeps; the
 // conditional status change keeps each give-back single.
 
 const (

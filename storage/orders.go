@@ -353,7 +353,16 @@ func (s *Store) PutInventory(ctx context.Context, p Put) (Inventory, error) {
 		if err != nil {
 			return err
 		}
-		return tx.Take(&inv, "sku = ?", p.SKU).Error
+		if err := tx.Take(&inv, "sku = ?", p.SKU).Error; err != nil {
+			return err
+		}
+		// A fenced reset leaves its own fence, unless another creator
+		// with a greater one inserted between the read and the INSERT:
+		// then it is stale, and rolls back.
+		if p.Token != 0 && (inv.FenceEpoch != p.Epoch || inv.Fence != p.Token) {
+			return ErrStaleFence
+		}
+		return nil
 	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return Inventory{}, fmt.Errorf("put inventory %q: %w", p.SKU, deadlock(err))
