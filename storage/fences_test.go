@@ -2,14 +2,12 @@ package storage_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
-	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/storage"
 )
 
@@ -164,17 +162,7 @@ func TestStaleBackendRefused(t *testing.T) {
 // new backend's first token passes.
 func TestAdoptionWaitsForAWriteInFlight(t *testing.T) {
 	t.Parallel()
-	dsn := testbed.MySQL(t)
-	s, err := storage.Open(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	s, db := openStoreAndDB(t)
 	ctx := t.Context()
 	old, _, err := s.AdoptFences(ctx, "zookeeper")
 	if err != nil {

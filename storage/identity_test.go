@@ -188,18 +188,8 @@ func TestPutConditions(t *testing.T) {
 // and sees the new one.
 func TestInventoryLatest(t *testing.T) {
 	t.Parallel()
-	dsn := testbed.MySQL(t)
-	s, err := storage.Open(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, db := openStoreAndDB(t)
 	put(t, s, "lat", 10)
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	tx, err := db.BeginTx(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -113,17 +113,7 @@ func TestStaleSweeperRefused(t *testing.T) {
 // reserved above 0), so only that condition stops a second give-back.
 func TestSettleOnce(t *testing.T) {
 	t.Parallel()
-	dsn := testbed.MySQL(t)
-	s, err := storage.Open(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	s, db := openStoreAndDB(t)
 
 	for _, c := range []struct {
 		first, second string

@@ -26,6 +26,24 @@ func openStore(t *testing.T) *storage.Store {
 	return s
 }
 
+// openStoreAndDB is openStore with a plain connection pool of its own to
+// the same database, for a session of another client (locks, processlist).
+func openStoreAndDB(t *testing.T) (*storage.Store, *sql.DB) {
+	t.Helper()
+	dsn := testbed.MySQL(t)
+	s, err := storage.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return s, db
+}
+
 func newOrder(sku string, q int64, key string) storage.Order {
 	o := storage.Order{
 		ID: uuid.Must(uuid.NewV7()).String(), SKU: sku, Quantity: q,
