@@ -2,6 +2,7 @@ package redlock_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -19,11 +20,13 @@ import (
 // another owner's key (a "no"), node 2 is stopped for 250 ms (an fsync or
 // fork stall), and one Acquire gives up after 60 ms: before the fix the
 // undo and leave spent their timeout waiting behind the acquire request and
-// were never sent, and node 2 kept the abandoned key for a TTL and the
-// departed waiter as its head. Both kinds of client: one that ignores ctx
-// deadlines on the socket (the acquire request then ends only when node 2
-// answers) and one that honours them, as orderd's do (it is cut at 60 ms,
-// and the undo needs a new connection, answered only once node 2 resumes).
+// were never sent, and node 2 kept the abandoned key for a TTL, or, with a
+// live waiter queued first there (the attempt then queues instead of taking
+// the key), the departed waiter's place. Both kinds of client: one that
+// ignores ctx deadlines on the socket (the acquire request then ends only
+// when node 2 answers) and one that honours them, as orderd's do (it is cut
+// at 60 ms, and the undo needs a new connection, whose handshake node 2
+// answers only once it resumes).
 func TestAbandonedAttemptLeavesNothing(t *testing.T) {
 	servers, addrs := ownRedises(t)
 	admins := clients(t, addrs)
@@ -63,46 +66,68 @@ func TestAbandonedAttemptLeavesNothing(t *testing.T) {
 			if err := warm.Release(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			key := "abandoned-" + tc.name
-			lock := "lock:{" + key + "}"
-			if err := admins[1].Set(t.Context(), lock, "rival", time.Minute).Err(); err != nil {
-				t.Fatal(err)
-			}
-			if err := servers[2].Pause(); err != nil {
-				t.Fatal(err)
-			}
-			resumed := make(chan error, 1)
-			time.AfterFunc(250*time.Millisecond, func() { resumed <- servers[2].Resume() })
-			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Millisecond)
-			lease, err := l.Acquire(ctx, key)
-			cancel()
-			if err == nil {
-				lease.Release(t.Context())
-				t.Fatal("Acquire got the lock with node 1 held by another owner and node 2 stopped")
-			}
-			if err := <-resumed; err != nil {
-				t.Fatal(err)
-			}
-			// Well within the TTL: a key left behind would still be there.
-			deadline := time.Now().Add(2 * time.Second)
-			for _, i := range []int{0, 2} {
-				for {
-					left := leftOn(t, admins[i], lock)
-					if left == "" {
-						break
+			for _, queued := range []bool{false, true} {
+				key := fmt.Sprintf("abandoned-%s-%v", tc.name, queued)
+				lock := "lock:{" + key + "}"
+				if err := admins[1].Set(t.Context(), lock, "rival", time.Minute).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if queued {
+					// A live waiter first on node 2: the attempt queues
+					// there instead of taking the key, and its place is
+					// what must go.
+					now, err := admins[2].Time(t.Context()).Result()
+					if err != nil {
+						t.Fatal(err)
 					}
-					if time.Now().After(deadline) {
-						t.Fatalf("node %d, 2 s after node 2 resumed: %s", i, left)
+					if err := admins[2].ZAdd(t.Context(), lock+":waiters", redis.Z{Score: 0, Member: rivalWaiter}).Err(); err != nil {
+						t.Fatal(err)
 					}
-					time.Sleep(20 * time.Millisecond)
+					if err := admins[2].ZAdd(t.Context(), lock+":alive", redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: rivalWaiter}).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := servers[2].Pause(); err != nil {
+					t.Fatal(err)
+				}
+				resumed := make(chan error, 1)
+				time.AfterFunc(250*time.Millisecond, func() { resumed <- servers[2].Resume() })
+				ctx, cancel := context.WithTimeout(t.Context(), 60*time.Millisecond)
+				lease, err := l.Acquire(ctx, key)
+				cancel()
+				if err == nil {
+					lease.Release(t.Context())
+					t.Fatal("Acquire got the lock with node 1 held by another owner and node 2 stopped")
+				}
+				if err := <-resumed; err != nil {
+					t.Fatal(err)
+				}
+				// Well within the TTL and the waiter's life: a key or a
+				// place left behind would still be there.
+				deadline := time.Now().Add(2 * time.Second)
+				for _, i := range []int{0, 2} {
+					for {
+						left := leftOn(t, admins[i], lock)
+						if left == "" {
+							break
+						}
+						if time.Now().After(deadline) {
+							t.Fatalf("queue seeded %v: node %d, 2 s after node 2 resumed: %s", queued, i, left)
+						}
+						time.Sleep(20 * time.Millisecond)
+					}
 				}
 			}
 		})
 	}
 }
 
+// rivalWaiter is another Locker's waiter, put in a queue by the test.
+const rivalWaiter = "rival:waiter"
+
 // leftOn describes what a lock key has on one node besides another owner's
-// "rival" key: an owner's key, queued or live waiters; "" if nothing.
+// "rival" key and rivalWaiter: an owner's key, queued or live waiters; ""
+// if nothing.
 func leftOn(t *testing.T, c redis.UniversalClient, lock string) string {
 	t.Helper()
 	owner, err := c.Get(t.Context(), lock).Result()
@@ -118,10 +143,14 @@ func leftOn(t *testing.T, c redis.UniversalClient, lock string) string {
 		left = "stray key of an abandoned attempt, PTTL " + pttl.String()
 	}
 	for _, set := range []string{":waiters", ":alive"} {
-		if n, err := c.ZCard(t.Context(), lock+set).Result(); err != nil {
+		members, err := c.ZRange(t.Context(), lock+set, 0, -1).Result()
+		if err != nil {
 			t.Fatal(err)
-		} else if n > 0 {
-			left += " " + set + " keeps a departed waiter"
+		}
+		for _, m := range members {
+			if m != rivalWaiter {
+				left += " " + set + " keeps the departed waiter " + m
+			}
 		}
 	}
 	return left
