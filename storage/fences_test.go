@@ -13,12 +13,21 @@ import (
 
 // TestAdoptFences: the fences (a SKU's, and the fences table's) move to a
 // new epoch when the fleet moves to another backend, and only then; a
-// backend that comes back gets a new epoch again. FenceEpoch reads the
-// epoch of the fences' backend and nothing for another.
+// backend that comes back gets a new epoch again, so its sweeper passes
+// with a counter that started again from 1 (before the epoch its own old
+// row refused it for good; the move to (epoch, 0) and the epoch compare
+// each let it pass). FenceEpoch reads the epoch of the fences' backend and
+// nothing for another.
 func TestAdoptFences(t *testing.T) {
 	s := openStore(t)
 	ctx := t.Context()
 	if _, err := s.PutInventory(ctx, storage.Put{SKU: "af", Stock: 5, Token: 1 << 33}); err != nil {
+		t.Fatal(err)
+	}
+	put(t, s, "af-swept", 5)
+	first, again := hold(t, s, "af-swept", 0), hold(t, s, "af-swept", 0)
+	waitDue(t, s, again)
+	if _, _, err := sweep(ctx, s, first, "zookeeper", 0, 1<<33); err != nil {
 		t.Fatal(err)
 	}
 	fence := func() (epoch, token uint64) {
@@ -56,6 +65,9 @@ func TestAdoptFences(t *testing.T) {
 		if _, ok, err := s.FenceEpoch(ctx, "etcd"); err != nil || ok {
 			t.Errorf("FenceEpoch of a backend the fences do not count in: ok %v, %v; want false", ok, err)
 		}
+	}
+	if _, _, err := sweep(ctx, s, again, "zookeeper", 2, 1); err != nil {
+		t.Errorf("zookeeper's sweeper back at epoch 2, its counter from 1 again: %v", err)
 	}
 }
 
