@@ -39,7 +39,7 @@ func BenchmarkRedis(b *testing.B) {
 	addr := testbed.Redis(b)
 	runServer(b, "redis", redisVersion(b, addr), []impl{
 		ours("redis", backends.Config{RedisAddr: addr},
-			"pub/sub: a release wakes one waiter, the first in a queue kept in Redis; fallback jittered backoff 5 ms-1 s capped by the holder's TTL; renews and fences"),
+			"direct handoff: a release hands the lock to the first live waiter of a queue kept in Redis, its token in a pub/sub message (no try of its own); fallback jittered backoff from 5 ms times the waiters ahead to 1 s, capped by the holder's TTL; renews and fences"),
 		bsmRedislock(addr),
 		redsyncImpl([]string{addr}),
 	})
