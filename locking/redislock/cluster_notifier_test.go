@@ -312,3 +312,127 @@ func TestClusterNotifierFollowsNodeClient(t *testing.T) {
 	}
 	handoff("back at its address, new client")
 }
+
+// A wait that spans a slot migration follows the slot: once its fallback
+// timer fires with no wake-up, it looks the master up again, subscribes on
+// the new master, and the next release wakes it by SPUBLISH there, not at
+// its next fallback (review 3 F5: it stayed subscribed on the old master
+// for the rest of the wait). The slot goes back at the end.
+func TestClusterWaitFollowsMigratedSlot(t *testing.T) {
+	addrs := testbed.RedisCluster(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	key := testbed.Prefix(t)
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer admin.Close()
+	slot := int(admin.ClusterKeySlot(ctx, "lock:{"+key+"}").Val())
+	from, to := slotMasters(t, ctx, admin, slot)
+	cfg := redislock.Config{TTL: time.Minute, MinBackoff: 2 * time.Second, MaxBackoff: 2 * time.Second}
+	addr := strings.Join(addrs, ",")
+	holder, waiter := newLocker(t, addr, cfg), newLocker(t, addr, cfg)
+	lease, err := holder.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := acquireLater(t, ctx, waiter, key)
+	channel := "lock:{" + key + "}:wake:*"
+	waitShardChannels(t, ctx, from.Client, channel, 1, "the waiter's subscription")
+
+	migrateSlot(t, ctx, slot, from, to)
+	t.Cleanup(func() { migrateSlot(t, context.Background(), slot, to, from) })
+	waitShardChannels(t, ctx, to.Client, channel, 1, "the waiter's subscription on the slot's new master")
+	time.Sleep(200 * time.Millisecond) // its try after the subscription; its next fallback is 1-2 s later
+	released := time.Now()
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-got:
+		if d := at.Sub(released); d > 500*time.Millisecond {
+			t.Fatalf("woken %v after the release: by the fallback timer, not by SPUBLISH", d)
+		} else {
+			t.Logf("woken %v after the release", d.Round(time.Microsecond))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not woken within 5 s of the release")
+	}
+}
+
+// master is one Cluster master: its node id, address and a client of it.
+type master struct {
+	ID, Addr string
+	Client   *redis.Client
+}
+
+// slotMasters returns slot's master and another master.
+func slotMasters(t *testing.T, ctx context.Context, c *redis.ClusterClient, slot int) (from, to master) {
+	t.Helper()
+	slots, err := c.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slots {
+		m := master{ID: s.Nodes[0].ID, Addr: s.Nodes[0].Addr}
+		if slot >= s.Start && slot <= s.End {
+			from = m
+		}
+	}
+	for _, s := range slots {
+		if s.Nodes[0].ID != from.ID {
+			to = master{ID: s.Nodes[0].ID, Addr: s.Nodes[0].Addr}
+			break
+		}
+	}
+	if from.ID == "" || to.ID == "" {
+		t.Fatalf("slot %d: no master, or no other master", slot)
+	}
+	for _, m := range []*master{&from, &to} {
+		m.Client = redis.NewClient(&redis.Options{Addr: m.Addr})
+		t.Cleanup(func() { m.Client.Close() })
+	}
+	return from, to
+}
+
+// migrateSlot moves slot and its keys from one master to another, as
+// redis-cli --cluster reshard does: IMPORTING and MIGRATING, MIGRATE of
+// every key, then SETSLOT NODE on the destination, the source and the
+// other masters.
+func migrateSlot(t *testing.T, ctx context.Context, slot int, from, to master) {
+	t.Helper()
+	do := func(c *redis.Client, args ...any) {
+		t.Helper()
+		if err := c.Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v on %s: %v", args, c.Options().Addr, err)
+		}
+	}
+	do(to.Client, "cluster", "setslot", slot, "importing", from.ID)
+	do(from.Client, "cluster", "setslot", slot, "migrating", to.ID)
+	host, port, _ := strings.Cut(to.Addr, ":")
+	for {
+		keys, err := from.Client.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"migrate", host, port, "", 0, 5000, "keys"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		do(from.Client, args...)
+	}
+	do(to.Client, "cluster", "setslot", slot, "node", to.ID)
+	do(from.Client, "cluster", "setslot", slot, "node", to.ID)
+	slots, err := to.Client.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slots {
+		if id := s.Nodes[0].ID; id != from.ID && id != to.ID {
+			c := redis.NewClient(&redis.Options{Addr: s.Nodes[0].Addr})
+			do(c, "cluster", "setslot", slot, "node", to.ID)
+			c.Close()
+		}
+	}
+}
