@@ -203,8 +203,10 @@ func TestRenewalReachesSlowerNode(t *testing.T) {
 		return d
 	}
 	// Node 2's acquire answered after the majority's: wait for its key.
-	for pttl(2) < 0 {
-		time.Sleep(10 * time.Millisecond)
+	for granted := time.Now(); pttl(2) < 0; time.Sleep(10 * time.Millisecond) {
+		if time.Since(granted) > ttl/3 {
+			t.Fatal("node 2 did not get the key within TTL/3 of the grant")
+		}
 	}
 	before, read := pttl(2), time.Now()
 	// The first renewal, at TTL/3, shows on node 0 as a PTTL that goes up.
