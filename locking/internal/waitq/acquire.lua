@@ -24,13 +24,6 @@
 -- queues behind it instead of taking it (fair handoff). A waiter that stops
 -- trying (dead, or it gave up and could not say so) loses its place when
 -- its liveness deadline passes.
--- Handed to the caller by a release whose wake-up it has not heard (yet):
--- no grant since set the counter, so its value is this lease's token.
-local handoff = ARGV[9] == 'g'
-if handoff and redis.call('get', KEYS[1]) == ARGV[1] then
-	redis.call('pexpire', KEYS[1], ARGV[2])
-	return {1, tonumber(redis.call('get', KEYS[4]) or '0')}
-end
 -- Nobody queued: a free lock is the caller's at once, with nothing to
 -- keep (the uncontended path, as cheap as a plain SET NX).
 if redis.call('exists', KEYS[2]) == 0 and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -38,6 +31,13 @@ if redis.call('exists', KEYS[2]) == 0 and redis.call('set', KEYS[1], ARGV[1], 'N
 		return {1, redis.call('incr', KEYS[4])}
 	end
 	return {1, 0}
+end
+-- Handed to the caller by a release whose wake-up it has not heard (yet):
+-- no grant since set the counter, so its value is this lease's token.
+local handoff = ARGV[9] == 'g'
+if handoff and redis.call('get', KEYS[1]) == ARGV[1] then
+	redis.call('pexpire', KEYS[1], ARGV[2])
+	return {1, tonumber(redis.call('get', KEYS[4]) or '0')}
 end
 local ms, t = now()
 local dead = purge(ms)
