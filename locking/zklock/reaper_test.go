@@ -41,7 +41,8 @@ var zkDefaultReaping = []string{"-Dznode.container.checkIntervalMs=60000", "-Dzn
 // made as zklock makes it and left as a lock's use leaves it, and must
 // keep up: all reaped within 5 s of the last (15 s for the soak), and never
 // more than 10 s of arrivals waiting. The same few seconds on a server
-// with ZooKeeper's default reaper must fail.
+// with ZooKeeper's default reaper must fail. The soak also runs on a
+// three-node ensemble.
 func TestReaperKeepsUp(t *testing.T) {
 	rate := 100_000
 	if v, err := strconv.Atoi(os.Getenv(rateEnv)); err == nil && v > 0 {
@@ -54,6 +55,16 @@ func TestReaperKeepsUp(t *testing.T) {
 	t.Run("tuned", func(t *testing.T) {
 		srv := locktest.PrivateServer(t, testbed.StartZooKeeper)
 		r := reaperSoak(t, []string{srv.Addr}, quick)
+		if err := r.verdict(quick); err != nil {
+			t.Error(err)
+		}
+	})
+	// A three-node ensemble: the leader reaps, every write is a quorum's.
+	t.Run("ensemble", func(t *testing.T) {
+		if os.Getenv(soakEnv) == "" {
+			t.Skip("three servers for a minute: the soak only")
+		}
+		r := reaperSoak(t, testbed.ZooKeeperEnsemble(t), quick)
 		if err := r.verdict(quick); err != nil {
 			t.Error(err)
 		}
