@@ -48,14 +48,14 @@ func TestReaperKeepsUp(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv(rateEnv)); err == nil && v > 0 {
 		rate = v
 	}
-	quick := soakConfig{rate: rate, parents: rate / 20, drain: 5 * time.Second} // 3 s at 100k/min
+	cfg := soakConfig{rate: rate, parents: rate / 20, drain: 5 * time.Second} // 3 s at 100k/min
 	if os.Getenv(soakEnv) != "" {
-		quick = soakConfig{rate: rate, parents: rate, drain: 15 * time.Second} // a minute
+		cfg = soakConfig{rate: rate, parents: rate, drain: 15 * time.Second} // a minute
 	}
 	t.Run("tuned", func(t *testing.T) {
 		srv := locktest.PrivateServer(t, testbed.StartZooKeeper)
-		r := reaperSoak(t, []string{srv.Addr}, quick)
-		if err := r.verdict(quick); err != nil {
+		r := reaperSoak(t, []string{srv.Addr}, cfg)
+		if err := r.verdict(cfg); err != nil {
 			t.Error(err)
 		}
 	})
@@ -64,8 +64,8 @@ func TestReaperKeepsUp(t *testing.T) {
 		if os.Getenv(soakEnv) == "" {
 			t.Skip("three servers for a minute: the soak only")
 		}
-		r := reaperSoak(t, testbed.ZooKeeperEnsemble(t), quick)
-		if err := r.verdict(quick); err != nil {
+		r := reaperSoak(t, testbed.ZooKeeperEnsemble(t), cfg)
+		if err := r.verdict(cfg); err != nil {
 			t.Error(err)
 		}
 	})
@@ -77,9 +77,9 @@ func TestReaperKeepsUp(t *testing.T) {
 			o.Args = zkDefaultReaping
 			return testbed.StartZooKeeper(ctx, o)
 		})
-		r := reaperSoak(t, []string{srv.Addr}, quick)
-		switch err := r.verdict(quick); {
-		case r.offered < 0.9*float64(quick.rate):
+		r := reaperSoak(t, []string{srv.Addr}, cfg)
+		switch err := r.verdict(cfg); {
+		case r.offered < 0.9*float64(cfg.rate):
 			t.Errorf("the client fell behind (%v): the default reaper was not tested", err)
 		case err == nil:
 			t.Error("the check passed a server with ZooKeeper's default reaper: it proves nothing")
