@@ -694,9 +694,9 @@ func CancelWhileServerPaused(t *testing.T, b Backend, srv *testbed.Server) {
 const keysEnv = "OVERSOLD_LOCKTEST_KEYS"
 
 // manyKeys acquires and releases many distinct keys on one Locker, 8 at a
-// time, and checks that the Locker's goroutines stay flat (a goroutine,
-// watch or subscription kept per key ever used would grow with them) and
-// that released keys leave nothing behind. It logs the figures, and the
+// time, and checks that the Locker's goroutines and live heap stay flat (a
+// goroutine, timer, watch or subscription kept per key ever used would grow
+// with them) and that released keys leave nothing behind. It logs the figures, and the
 // server's State.
 func manyKeys(t *testing.T, b Backend, prefix string) {
 	n := 1000
