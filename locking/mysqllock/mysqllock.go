@@ -176,9 +176,12 @@ VALUES (?, (SELECT epoch FROM oversold_lock_boot WHERE id = 1 AND epoch = ? AND 
 // dropExpired deletes the key's row if its lease ran out. Args: key.
 const dropExpired = `DELETE FROM oversold_leases WHERE lock_key = ? AND expires_at < UTC_TIMESTAMP(6)`
 
-// remaining reads the holder's lease left, in µs (<= 0 or no row: free),
-// and whether the holder holds the key's named lock (queue.go).
-const remaining = `SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), owner LIKE 'q%'
+// remaining reads the holder's lease left, in µs (<= 0 or NULL, no row:
+// free), whether the holder holds the key's named lock (queue.go), and the
+// connection that holds the named lock (NULL: nobody). Aggregates, so that
+// a key without a row still gives one result row. Args: name, key.
+const remaining = `SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MAX(expires_at)),
+	COALESCE(MAX(owner LIKE 'q%'), 0), IS_USED_LOCK(?)
 FROM oversold_leases WHERE lock_key = ?`
 
 // renew extends only our own unexpired lease. Args: ttl µs, key, owner.
@@ -325,34 +328,46 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lea
 		queued = g.queued
 	}
 	poll := l.cfg.MinPoll
+	var staleName int64 // who held q, the row free, when our last wait on q began
 	for boots := 0; ; {
 		if qc != nil && !queued {
-			left, holderQueued, err := l.remaining(ctx, key)
+			ws, err := l.remaining(ctx, key)
 			if err != nil {
 				return nil, l.failed(ctx, key, err)
 			}
-			wait := left
+			wait := ws.left
 			switch {
-			case left > 0 && !holderQueued:
+			case ws.left > 0 && !ws.holderQueued:
 				// Its holder will not wake us: poll.
-				if err := sleep(ctx, min(jitter(poll), left)); err != nil {
+				if err := sleep(ctx, min(jitter(poll), ws.left)); err != nil {
 					return nil, fmt.Errorf("acquire %q: %w", key, err)
 				}
 				poll = min(2*poll, l.cfg.MaxPoll)
 				continue
-			case left <= 0:
-				// Free, yet q is taken: by the waiter it went to, about to
-				// grab, or by a holder between freeing the row and q. Do
-				// not barge; but a holder paused past its lease may keep q
-				// for long, so grab anyway after MaxPoll.
+			case ws.left <= 0 && ws.nameHolder != 0 && ws.nameHolder == staleName:
+				// Free, and q held by the same connection before and
+				// after a whole wait on it: not a waiter about to grab
+				// but a holder paused past its lease, still connected.
+				// Grab without q.
+				wait = 0
+			case ws.left <= 0:
+				// Free, yet q is taken: by the waiter it went to, about
+				// to grab. Do not barge: wait in line, and look again
+				// after MaxPoll.
 				wait = l.cfg.MaxPoll
 			}
-			// Wait no longer than the holder's lease: it may expire.
-			if queued, err = qc.lock(ctx, q, min(wait, l.cfg.TTL)); err != nil {
-				return nil, l.failed(ctx, key, err)
+			staleName = 0
+			if ws.left <= 0 {
+				staleName = ws.nameHolder
 			}
-			if !queued && left > 0 {
-				continue // renewed or expired meanwhile: look again
+			if wait > 0 {
+				// Wait no longer than the holder's lease: it may expire.
+				if queued, err = qc.lock(ctx, q, min(wait, l.cfg.TTL)); err != nil {
+					return nil, l.failed(ctx, key, err)
+				}
+				if !queued {
+					continue // renewed, expired or still free: look again
+				}
 			}
 		}
 		owner := newOwner(queued)
@@ -388,9 +403,11 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lea
 				return nil, fmt.Errorf("acquire %q: %w", key, err)
 			}
 			poll = min(2*poll, l.cfg.MaxPoll)
-			if left, _, err = l.remaining(ctx, key); err != nil {
+			ws, err := l.remaining(ctx, key)
+			if err != nil {
 				return nil, l.failed(ctx, key, err)
 			}
+			left = ws.left
 		}
 	}
 }
@@ -593,22 +610,29 @@ func (l *Locker) bootEpoch(ctx context.Context) (uint64, time.Duration, error) {
 	return read() // ours, or a row another Locker made first
 }
 
-// remaining returns how long the key's holder has left (<= 0 when free)
-// and whether it holds the key's named lock.
+// waitState is what remaining reads: the holder's lease left (<= 0 when
+// free), whether the holder holds the key's named lock, and which
+// connection holds the named lock (0: nobody).
+type waitState struct {
+	left         time.Duration
+	holderQueued bool
+	nameHolder   int64
+}
+
+// remaining reads the key's waitState.
 // A read may be abandoned, so it runs on the caller's ctx, bounded by TTL/3
 // like every statement here: a database that slow cannot keep leases.
-func (l *Locker) remaining(ctx context.Context, key string) (time.Duration, bool, error) {
+func (l *Locker) remaining(ctx context.Context, key string) (waitState, error) {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/3)
 	defer cancel()
 	var (
-		us     int64
-		queued bool
+		us, holder sql.NullInt64
+		ws         waitState
 	)
-	err := l.stmts.Load().remaining.QueryRowContext(rctx, key).Scan(&us, &queued)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, nil
-	}
-	return time.Duration(us) * time.Microsecond, queued, err
+	err := l.stmts.Load().remaining.QueryRowContext(rctx, queueName(key), key).Scan(&us, &ws.holderQueued, &holder)
+	ws.left = time.Duration(us.Int64) * time.Microsecond
+	ws.nameHolder = holder.Int64
+	return ws, err
 }
 
 // free frees our row on a fresh bounded context: cleanup must run even when
