@@ -14,14 +14,15 @@
 // NOW() so that neither a session's time_zone nor a daylight-saving change
 // moves an expiry.
 //
-//   - Acquire is one statement: an INSERT of the key's row, which the
-//     primary key refuses while someone holds the key. Its AUTO_INCREMENT
-//     seq comes back with the result and makes the token (below). A row
-//     whose lease ran out (a dead or paused holder) is deleted, then the
-//     INSERT tried again. The table lock of the MEMORY engine makes each
-//     statement atomic.
+//   - Acquire grabs with an INSERT of the key's row, which the primary
+//     key refuses while someone holds the key. Its AUTO_INCREMENT seq
+//     comes back with the result and makes the token (below). A row whose
+//     lease ran out (a dead or paused holder) is deleted, then the INSERT
+//     tried again. The table lock of the MEMORY engine makes each
+//     statement atomic. On a free key the first grab also takes the key's
+//     named lock (queue.go): one statement, as one GET_LOCK.
 //   - A waiter blocks in GET_LOCK on the key's named lock, which the holder
-//     took before its grab and gives up in the statement that deletes the
+//     took with its grab and gives up in the statement that deletes the
 //     row, so a release wakes the next waiter at once (queue.go). The named
 //     lock is only a wake-up: the row alone grants the key. Where the named
 //     lock cannot help (its holder is not the row's, no connection to
@@ -73,11 +74,12 @@
 //     learns at its next renewal, within TTL/3), so fence writes. Tokens do
 //     not depend on the clock.
 //   - The database restarts: every lease is gone with the MEMORY table. No
-//     key is granted for one TTL (of the Locker that records the new epoch)
-//     after the boot row is written, so that every holder from before the
-//     restart has seen its Lost close by its own clock first (its
-//     renewals failed meanwhile, or match no row); then tokens continue in
-//     the new epoch. Lockers sharing a database should share a TTL.
+//     key is granted for one TTL (of the Locker that makes the run's boot
+//     row) after the boot row is made, so that every holder from before the
+//     restart has seen its Lost close by its own clock first (its renewals
+//     failed meanwhile, or match no row); then tokens continue in the new
+//     epoch. The first run of all (the durable epoch still 0) has nothing
+//     to wait out. Lockers sharing a database should share a TTL.
 //   - The database unreachable: Acquire fails with ErrUnavailable; holders
 //     cannot renew, and Lost closes when their validity runs out. A failover
 //     to a replica that missed recent grants can hand a key out twice, with
@@ -97,6 +99,10 @@
 //   - The MEMORY table holds the rows of held keys and of holders that died
 //     holding one (until the key is taken again or the server restarts);
 //     max_heap_table_size bounds it (16 MiB, about 50,000 rows, by default).
+//   - The first grab and the queued release call GET_LOCK and
+//     RELEASE_ALL_LOCKS inside an INSERT and a DELETE: with the binary log
+//     on, binlog_format must be ROW or MIXED (the default), which logs them
+//     by row; STATEMENT would replay the named locks on replicas.
 package mysqllock
 
 import (
@@ -170,7 +176,7 @@ var createTables = []string{
 // seq comes back as the insert id. A held key's row makes it fail with
 // erDupEntry. Args: key, epoch, owner, ttl µs.
 const grab = `INSERT INTO oversold_leases (lock_key, epoch, owner, expires_at)
-VALUES (?, (SELECT epoch FROM oversold_lock_boot WHERE id = 1 AND epoch = ? AND grace_until <= UTC_TIMESTAMP(6)),
+VALUES (?, (SELECT epoch FROM oversold_lock_boot WHERE id = 1 AND epoch = ? AND epoch > 0 AND grace_until <= UTC_TIMESTAMP(6)),
 	?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`
 
 // dropExpired deletes the key's row if its lease ran out. Args: key.
@@ -196,11 +202,17 @@ const (
 	// readBoot: the run's epoch and the grace left, in µs.
 	readBoot = `SELECT epoch, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), grace_until)
 FROM oversold_lock_boot WHERE id = 1`
+	// placeBoot makes the run's boot row, epoch 0 (no grab matches it)
+	// until a bumped epoch is set. The first of a run is made before any
+	// bump of the run, so it reads the epoch the previous runs left: 0
+	// when there was none, and then no lease to wait out. Args: grace µs.
+	placeBoot = `INSERT IGNORE INTO oversold_lock_boot (id, epoch, grace_until)
+SELECT 1, 0, IF(epoch > 0, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, '1970-01-01')
+FROM oversold_lock_epochs WHERE id = 1`
 	bumpEpoch = `UPDATE oversold_lock_epochs SET epoch = LAST_INSERT_ID(epoch + 1) WHERE id = 1`
-	// insertBoot records a bumped epoch; the very first (1) has no
-	// lease before it to wait out. Args: epoch, epoch, grace µs.
-	insertBoot = `INSERT IGNORE INTO oversold_lock_boot (id, epoch, grace_until)
-VALUES (1, ?, IF(? = 1, '1970-01-01', UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND))`
+	// setBoot hands a bumped epoch out, unless another Locker's already
+	// is. Args: epoch.
+	setBoot = `UPDATE oversold_lock_boot SET epoch = ? WHERE id = 1 AND epoch = 0`
 )
 
 // MySQL error numbers the grab expects.
@@ -568,9 +580,9 @@ func (l *Locker) learnEpoch(ctx context.Context) error {
 }
 
 // bootEpoch returns the boot row's epoch and the grace left, making the
-// row when missing: the durable bump is committed (flushed) before the
-// row that hands its epoch out exists, and both run on one connection,
-// which a restart in between would have killed.
+// row and giving it an epoch when the run has none: the durable bump is
+// committed (flushed) before the boot row hands its epoch out, and both
+// run on one connection, which a restart in between would have killed.
 func (l *Locker) bootEpoch(ctx context.Context) (uint64, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/3)
 	defer cancel()
@@ -585,8 +597,14 @@ func (l *Locker) bootEpoch(ctx context.Context) (uint64, time.Duration, error) {
 		return epoch, time.Duration(us) * time.Microsecond, err
 	}
 	epoch, grace, err := read()
-	if !errors.Is(err, sql.ErrNoRows) {
-		return epoch, grace, err
+	if err == nil && epoch > 0 {
+		return epoch, grace, nil
+	}
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return 0, 0, err
+	}
+	if _, err := conn.ExecContext(ctx, placeBoot, l.cfg.TTL.Microseconds()); err != nil {
+		return 0, 0, err
 	}
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
@@ -604,10 +622,10 @@ func (l *Locker) bootEpoch(ctx context.Context) (uint64, time.Duration, error) {
 	if err := tx.Commit(); err != nil {
 		return 0, 0, err
 	}
-	if _, err := conn.ExecContext(ctx, insertBoot, bumped, bumped, l.cfg.TTL.Microseconds()); err != nil {
+	if _, err := conn.ExecContext(ctx, setBoot, bumped); err != nil {
 		return 0, 0, err
 	}
-	return read() // ours, or a row another Locker made first
+	return read() // ours, or another Locker's
 }
 
 // waitState is what remaining reads: the holder's lease left (<= 0 when

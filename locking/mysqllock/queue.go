@@ -16,14 +16,18 @@ import (
 //
 // The named lock is only a wake-up: the row alone decides who holds the
 // key, exactly as without the queue, so mutual exclusion, tokens, renewal
-// and Lost do not depend on it. A holder takes the named lock before its
-// grab and gives it up after freeing the row; a waiter that wins the named
-// lock grabs the row. Whatever goes wrong with the named lock (a holder
-// paused past its lease still holding it, a connection killed, no queue
-// connection to spare) costs a wait bounded by the row's lease, or falls
-// back to polling; the owner column says whether its holder holds the named
-// lock ("q" prefix), so waiters block only behind a holder that will wake
-// them and poll behind any other.
+// and Lost do not depend on it. A holder takes the named lock with its
+// grab (one statement, when both are free) and gives it up in the
+// statement that deletes its row; a waiter that wins the named lock grabs
+// the row. A waiter that finds the row free while someone holds the named
+// lock (the waiter it just went to, about to grab) waits in line too; it
+// grabs without the named lock only when the same connection still holds
+// it, the row still free, after a whole MaxPoll wait: a holder paused past
+// its lease, still connected. Whatever else goes wrong with the named lock
+// (a connection killed, no queue connection to spare) costs a wait bounded
+// by the row's lease, or falls back to polling; the owner column says
+// whether its holder holds the named lock ("q" prefix), so waiters block
+// only behind a holder that will wake them and poll behind any other.
 //
 // A named lock belongs to a connection, so a queued Acquire takes one
 // connection out of the pool for itself (a queue connection), and keeps it
@@ -74,7 +78,7 @@ WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)
 // Args: key, owner, ttl µs, epoch, name.
 const grabQueued = `INSERT INTO oversold_leases (lock_key, epoch, owner, expires_at)
 SELECT ?, epoch, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND FROM oversold_lock_boot
-WHERE id = 1 AND epoch = ? AND grace_until <= UTC_TIMESTAMP(6) AND GET_LOCK(?, 0) = 1`
+WHERE id = 1 AND epoch = ? AND epoch > 0 AND grace_until <= UTC_TIMESTAMP(6) AND GET_LOCK(?, 0) = 1`
 
 // queueName is the named lock of key: GET_LOCK names are at most 64
 // characters, keys up to 255 bytes, so the name carries a hash. A

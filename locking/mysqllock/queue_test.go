@@ -178,13 +178,22 @@ func TestDroppedQueueConnection(t *testing.T) {
 // that looks while the key changes hands (the row gone, the named lock
 // already with the next waiter) waits in line instead of taking the row
 // without the named lock, which would leave the queue to poll behind it.
-// 16 contenders, each with a Locker of its own, take turns for 2 s.
+// 32 contenders (as make bench's hot-32), each with a Locker of its own,
+// take turns for 2 s.
 func TestHotKeyDoesNotBarge(t *testing.T) {
 	dsn := testbed.MySQL(t)
-	const contenders = 16
+	const contenders = 32
 	lockers := make([]*mysqllock.Locker, contenders)
 	for i := range lockers {
-		lockers[i] = newLocker(t, dsn, time.Millisecond)
+		db, err := sql.Open("mysql", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lockers[i] = mysqllock.New(db, mysqllock.Config{}) // the default polls, as orderd's
+		t.Cleanup(func() {
+			lockers[i].Close()
+			db.Close()
+		})
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
