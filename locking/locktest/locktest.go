@@ -729,6 +729,7 @@ func manyKeys(t *testing.T, b Backend, prefix string) {
 	// than what 8 workers use.
 	warm := max(n/10, 50)
 	run(0, warm, 16)
+	firstWait(t, l, prefix+"/wait")
 	footBefore := settledFootprint(t, b)
 	before := settledGoroutines()
 	heapBefore := liveHeap()
@@ -776,6 +777,33 @@ func manyKeys(t *testing.T, b Backend, prefix string) {
 			}
 		}
 	}
+}
+
+// firstWait makes one Acquire of l wait 200 ms for key, held by l, so that
+// what a Locker starts on its first wait and keeps (a Redis Notifier's two
+// goroutines per server) runs before ManyKeys counts: under load, one
+// Acquire of distinct keys may wait (a Redlock attempt without a majority
+// retries through the queue), and that would count as growth.
+func firstWait(t *testing.T, l locking.Locker, key string) {
+	held, err := l.Acquire(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		defer cancel()
+		if lease, err := l.Acquire(ctx, key); err == nil {
+			release(t, lease)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second): // a wait that ignores ctx: WaitDeadline fails it
+	}
+	release(t, held)
+	<-done
 }
 
 // footprint reads b.Footprint, nil without one.
