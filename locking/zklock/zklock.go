@@ -285,7 +285,46 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	return nil, locking.AcquireError(ctx, key, err)
 }
 
+// acquire queues on a goroutine of the Locker's background group and waits
+// for its outcome or ctx. go-zookeeper's requests take no ctx: a cancelled
+// Acquire returns at once and leaves that goroutine to finish the request
+// under way and clean up after it. The whole queueing runs there, so an
+// acquisition hands over once, not once per request (a hand-over is a
+// wake-up of another goroutine, paid again at every handoff).
 func (l *Locker) acquire(ctx context.Context, key, parent string) (*lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	type result struct {
+		s   *lease
+		err error
+	}
+	res := make(chan result) // unbuffered: handed only to a caller still waiting
+	if !l.bg.Go(func() {
+		s, err := l.queue(ctx, key, parent)
+		select {
+		case res <- result{s, err}:
+		case <-ctx.Done():
+			if s != nil { // granted as the caller gave up: nobody holds it
+				rctx, cancel := context.WithTimeout(context.Background(), l.SessionTimeout())
+				s.Release(rctx)
+				cancel()
+			}
+		}
+	}) {
+		return nil, errClosed
+	}
+	select {
+	case r := <-res:
+		return r.s, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// queue creates our node and waits for our turn; it runs on a background
+// goroutine (acquire). What it leaves behind on failure or ctx is removed.
+func (l *Locker) queue(ctx context.Context, key, parent string) (*lease, error) {
 	path, session, err := l.enqueue(ctx, parent)
 	if err != nil {
 		return nil, err
@@ -302,38 +341,19 @@ func (l *Locker) acquire(ctx context.Context, key, parent string) (*lease, error
 // never abandoned halfway, since it may still land on the server.
 func (l *Locker) enqueue(ctx context.Context, parent string) (string, int64, error) {
 	guid := newGUID()
-	type created struct {
-		path    string
-		session int64
-		err     error
-	}
-	res := make(chan created, 1)
-	if !l.bg.Go(func() {
-		path, session, err := l.create(parent, guid)
-		res <- created{path, session, err}
-	}) {
-		return "", 0, errClosed
-	}
-	select {
-	case r := <-res:
-		if r.err != nil {
-			l.bg.Go(func() { l.removeGUID(parent, guid) })
-			if !errors.Is(r.err, locking.ErrUnavailable) && !errors.Is(r.err, errVanished) {
-				r.err = fmt.Errorf("%w: create: %w", locking.ErrUnavailable, r.err)
-			}
-			return "", 0, r.err
+	path, session, err := l.create(parent, guid)
+	switch {
+	case err != nil:
+		l.bg.Go(func() { l.removeGUID(parent, guid) })
+		if !errors.Is(err, locking.ErrUnavailable) && !errors.Is(err, errVanished) {
+			err = fmt.Errorf("%w: create: %w", locking.ErrUnavailable, err)
 		}
-		return r.path, r.session, nil
-	case <-ctx.Done():
-		l.bg.Go(func() {
-			if r := <-res; r.err == nil {
-				l.remove(r.path, r.session)
-			} else {
-				l.removeGUID(parent, guid)
-			}
-		})
+		return "", 0, err
+	case ctx.Err() != nil:
+		l.bg.Go(func() { l.remove(path, session) })
 		return "", 0, ctx.Err()
 	}
+	return path, session, nil
 }
 
 // create makes our ephemeral sequential node, protected by guid, and
@@ -453,7 +473,8 @@ func (l *Locker) find(parent, guid string) (string, error) {
 }
 
 // wait waits until our node is the lowest in the queue, watching only the
-// node just below it.
+// node just below it. It runs on a background goroutine (acquire), so its
+// requests wait for their answers there.
 func (l *Locker) wait(ctx context.Context, key, parent, path string, session int64) (*lease, error) {
 	name := path[len(parent)+1:]
 	seq, ok := sequence(name)
@@ -468,16 +489,14 @@ func (l *Locker) wait(ctx context.Context, key, parent, path string, session int
 	for try := 0; ; try++ {
 		sent = time.Now()
 		err := func() error {
-			children, err := call(ctx, l, func() ([]string, error) {
-				c, st, err := l.conn.Children(parent)
-				if err == nil {
-					pzxid = st.Pzxid // read after call returns: the channel orders it
-				}
-				return c, err
-			})
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			children, st, err := l.conn.Children(parent)
 			if err != nil {
 				return err
 			}
+			pzxid = st.Pzxid
 			pred, mine := predecessor(children, name, seq)
 			if !mine {
 				return errVanished
@@ -485,10 +504,7 @@ func (l *Locker) wait(ctx context.Context, key, parent, path string, session int
 			if pred == "" {
 				return nil // our turn
 			}
-			gone, err := call(ctx, l, func() (<-chan zk.Event, error) {
-				_, _, gone, err := l.conn.GetW(parent + "/" + pred)
-				return gone, err
-			})
+			_, _, gone, err := l.conn.GetW(parent + "/" + pred)
 			if errors.Is(err, zk.ErrNoNode) {
 				return errRetry // went while we looked
 			}
