@@ -300,6 +300,15 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	}
 }
 
+// staleName is how long one connection must hold the key's named lock,
+// the row free all along, before a waiter grabs without the named lock:
+// long next to a waiter's grab or poll (MaxPoll), whose slowness under
+// load would otherwise pass for a paused holder and let waiters barge,
+// and short next to the TTL the paused holder's lease already took.
+func (l *Locker) staleName() time.Duration {
+	return max(2*l.cfg.MaxPoll, l.cfg.TTL/10)
+}
+
 // errStaleQueueConn: the first statement on a queue connection failed.
 var errStaleQueueConn = errors.New("queue connection failed")
 
@@ -340,12 +349,23 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lea
 		queued = g.queued
 	}
 	poll := l.cfg.MinPoll
-	var staleName int64 // who held q, the row free, when our last wait on q began
+	// stale is who held q, the row free, when we first saw it so, and
+	// since when.
+	var stale struct {
+		name  int64
+		since time.Time
+	}
 	for boots := 0; ; {
 		if qc != nil && !queued {
 			ws, err := l.remaining(ctx, key)
 			if err != nil {
 				return nil, l.failed(ctx, key, err)
+			}
+			if ws.left > 0 || ws.nameHolder != stale.name {
+				stale.name, stale.since = 0, time.Time{}
+				if ws.left <= 0 {
+					stale.name, stale.since = ws.nameHolder, time.Now()
+				}
 			}
 			wait := ws.left
 			switch {
@@ -356,21 +376,17 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lea
 				}
 				poll = min(2*poll, l.cfg.MaxPoll)
 				continue
-			case ws.left <= 0 && ws.nameHolder != 0 && ws.nameHolder == staleName:
-				// Free, and q held by the same connection before and
-				// after a whole wait on it: not a waiter about to grab
-				// but a holder paused past its lease, still connected.
-				// Grab without q.
+			case ws.left <= 0 && ws.nameHolder != 0 && time.Since(stale.since) >= l.staleName():
+				// Free, and q held by the same connection all along:
+				// not a waiter about to grab but a holder paused past
+				// its lease, still connected. Grab without q.
 				wait = 0
 			case ws.left <= 0:
 				// Free, yet q is taken: by the waiter it went to, about
-				// to grab. Do not barge: wait in line, and look again
-				// after MaxPoll.
+				// to grab (or by a waiter polling behind a holder that
+				// came in without q). Do not barge: wait in line, and
+				// look again after MaxPoll.
 				wait = l.cfg.MaxPoll
-			}
-			staleName = 0
-			if ws.left <= 0 {
-				staleName = ws.nameHolder
 			}
 			if wait > 0 {
 				// Wait no longer than the holder's lease: it may expire.
