@@ -21,8 +21,8 @@ import (
 // statement that deletes its row; a waiter that wins the named lock grabs
 // the row. A waiter that finds the row free while someone holds the named
 // lock (the waiter it just went to, about to grab) waits in line too; it
-// grabs without the named lock only when the same connection still holds
-// it, the row still free, after a whole MaxPoll wait: a holder paused past
+// grabs without the named lock only when one connection has held it, the
+// row free, for max(2 MaxPoll, TTL/10) (staleName): a holder paused past
 // its lease, still connected. Whatever else goes wrong with the named lock
 // (a connection killed, no queue connection to spare) costs a wait bounded
 // by the row's lease, or falls back to polling; the owner column says
