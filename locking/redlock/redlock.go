@@ -23,9 +23,11 @@
 // a node goes there only after the attempt's own request there has ended,
 // with its own time counted from then: sent on another connection, it
 // could otherwise overtake it and leave the key (or the waiter's place)
-// behind for a TTL. That orders them as the client sees them end; a
-// network that holds back one connection's bytes past another's can still
-// reorder them, and the key stays for a TTL.
+// behind for a TTL. That orders them as the client sees them end; since a
+// network that holds back one connection's bytes can still reorder them,
+// on a node where an acquire request had no answer the request that ends
+// its attempt, wait or lease also leaves a tombstone of the owner and the
+// waiter for a TTL, and an acquire that arrives later is refused there.
 //
 // Waiting is by notification, with the redis backend's fair queue
 // (locking/internal/waitq) on every node: a refused try also queues the
@@ -211,7 +213,7 @@ func New(clients []redis.UniversalClient, cfg Config) (*Locker, error) {
 // Ping checks that a majority of the nodes answer: Redlock works with a
 // minority down.
 func (l *Locker) Ping(ctx context.Context) error {
-	votes, _ := l.ask(request{ctx: ctx, base: ctx, timeout: l.cfg.TTL, decided: l.confirmed, do: func(ctx context.Context, c redis.UniversalClient) vote {
+	votes, _ := l.ask(request{ctx: ctx, base: ctx, timeout: l.cfg.TTL, decided: l.confirmed, do: func(ctx context.Context, _ int, c redis.UniversalClient) vote {
 		return vote{yes: true, err: c.Ping(ctx).Err()}
 	}})
 	t := count(votes)
@@ -251,7 +253,7 @@ type request struct {
 	// wait out a black-holed node each time, yet still hears a healthy node
 	// a few ms farther whose vote decides (review 3, F9).
 	hurry bool
-	do    func(context.Context, redis.UniversalClient) vote
+	do    func(ctx context.Context, i int, c redis.UniversalClient) vote // node i's request
 }
 
 // ask sends r to the nodes at once and returns their answers in node order
@@ -299,7 +301,7 @@ func (l *Locker) ask(r request) (votes []vote, done []<-chan struct{}) {
 			defer stop()
 			v := vote{err: ctx.Err()}
 			if v.err == nil {
-				v = r.do(ctx, nd.client)
+				v = r.do(ctx, i, nd.client)
 				var reply redis.Error
 				switch {
 				case v.err == nil, errors.As(v.err, &reply):
@@ -483,12 +485,12 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	// yet a majority, and the waiter must stay first there if the attempt
 	// fails; Release (or the end of the wait) takes the place out.
 	place := strconv.FormatInt(time.Now().UnixMicro(), 10)
-	w := &waiter{l: l, Waiter: waitq.NewWaiter(l.notifiers(), n.Wake+l.id, member), timer: time.NewTimer(time.Hour), sent: make([]<-chan struct{}, len(l.nodes))}
+	w := &waiter{l: l, Waiter: waitq.NewWaiter(l.notifiers(), n.Wake+l.id, member), timer: time.NewTimer(time.Hour), sent: make([]<-chan struct{}, len(l.nodes)), unanswered: make([]bool, len(l.nodes))}
 	defer w.stop()
 	granted := false
 	defer func() {
 		if !granted && w.queued {
-			l.leave(ctx, n, owner, member, w.sent)
+			l.leave(ctx, n, owner, member, w.sent, w.unanswered)
 		}
 	}()
 	for attempt := 0; ; attempt++ {
@@ -498,18 +500,21 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		owner = waitq.NewOwner()
 		mine := owner // read by requests that outlive the attempt
 		sent := time.Now()
-		votes, done := l.ask(request{ctx: ctx, base: ctx, timeout: l.cfg.NodeTimeout, decided: l.decides, hurry: true, do: func(ctx context.Context, c redis.UniversalClient) vote {
-			return acquireVote(scripts.Acquire.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, mine, l.ttl, member, l.life, place, n.Wake, "keep").Slice())
+		votes, done := l.ask(request{ctx: ctx, base: ctx, timeout: l.cfg.NodeTimeout, decided: l.decides, hurry: true, do: func(ctx context.Context, _ int, c redis.UniversalClient) vote {
+			// 't': refused where this owner or member was buried (see
+			// release): the request came after its undo or leave.
+			return acquireVote(scripts.Acquire.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, mine, l.ttl, member, l.life, place, n.Wake, "keep", "", "", "t").Slice())
 		}})
 		for i := range w.sent {
 			w.sent[i] = both(w.sent[i], done[i])
+			w.unanswered[i] = w.unanswered[i] || votes[i].err != nil
 		}
 		elapsed := time.Since(sent)
 		t := count(votes)
 		if t.yes >= l.quorum && elapsed < l.cfg.TTL-locking.Drift(l.cfg.TTL) {
 			w.Drain()
 			granted = true
-			return l.grant(ctx, key, n, owner, member, sent, w.sent)
+			return l.grant(ctx, key, n, owner, member, sent, w.sent, w.unanswered)
 		}
 		w.queued = true // by the nodes that refused
 		if t.yes > 0 || t.failed > 0 || t.pending > 0 {
@@ -543,6 +548,10 @@ type waiter struct {
 	// there go after them, so that a late acquire cannot put the key or
 	// the place back once they are gone.
 	sent []<-chan struct{}
+	// unanswered marks the nodes where an acquire request ended without
+	// an answer: it may still land there, after the request that ends the
+	// wait or the lease, which therefore buries owner and member there.
+	unanswered []bool
 	// splits counts the split votes in a row; unreachable the attempts in
 	// a row that no majority of nodes answered. A refused connection is
 	// known at once, but a dead node may also look merely slow (the
@@ -687,11 +696,16 @@ func acquireVote(res []any, err error) vote {
 // are: nobody waits for it, and a node stalled past the per-node timeout
 // (an fsync, a fork) executes the attempt's request when it resumes, so
 // the undo must still come after it (review 3, F6); a node not reached
-// within a TTL keeps the key for one TTL. It wakes nobody: after a split
-// vote the contenders retry by themselves, and a lock held elsewhere is
-// not free.
+// within a TTL keeps the key for one TTL. Where the attempt's request
+// had no answer, it buries the owner (see release): that request may still
+// come after the undo. It wakes nobody: after a split vote the contenders
+// retry by themselves, and a lock held elsewhere is not free.
 func (l *Locker) undo(ctx context.Context, n waitq.Names, owner string, votes []vote, done []<-chan struct{}) {
-	l.release(ctx, context.WithoutCancel(ctx), l.cfg.TTL, done, n, owner, "", false, always,
+	bury := make([]bool, len(votes))
+	for i, v := range votes {
+		bury[i] = v.err != nil
+	}
+	l.release(ctx, context.WithoutCancel(ctx), l.cfg.TTL, done, n, owner, "", false, bury, always,
 		func(i int) bool { return votes[i].yes || votes[i].err != nil })
 }
 
@@ -699,10 +713,11 @@ func (l *Locker) undo(ctx context.Context, n waitq.Names, owner string, votes []
 // fresh context, after the wait's acquire requests (sent), each node
 // bounded as undo's, it deletes owner's key where it is still owner's,
 // takes member out of every queue, and wakes the next waiter where the
-// lock is free (the wake-up of the last release may have come to us). What
-// it cannot reach expires.
-func (l *Locker) leave(ctx context.Context, n waitq.Names, owner, member string, sent []<-chan struct{}) {
-	l.release(ctx, context.WithoutCancel(ctx), l.cfg.TTL, sent, n, owner, member, true, always, nil)
+// lock is free (the wake-up of the last release may have come to us),
+// burying owner and member where an acquire request of the wait had no
+// answer (unanswered). What it cannot reach expires.
+func (l *Locker) leave(ctx context.Context, n waitq.Names, owner, member string, sent []<-chan struct{}, unanswered []bool) {
+	l.release(ctx, context.WithoutCancel(ctx), l.cfg.TTL, sent, n, owner, member, true, unanswered, always, nil)
 }
 
 // always decides at once: the requests go on in the background.
@@ -710,16 +725,25 @@ func always(tally) bool { return true }
 
 // release deletes owner's key from the nodes (all, or those with only(i))
 // where it is still owner's, drops member (if any) from their queues, and
-// if wake, wakes the first waiter of each node where the lock is free. It
-// returns once decided (see ask), the requests running on base, each node's
-// after its request in after.
-func (l *Locker) release(ctx, base context.Context, timeout time.Duration, after []<-chan struct{}, n waitq.Names, owner, member string, wake bool, decided func(tally) bool, only func(int) bool) tally {
+// if wake, wakes the first waiter of each node where the lock is free. On
+// the nodes i with bury[i] it also leaves a tombstone of owner and member
+// for a TTL, which makes the acquire script refuse them: an acquire
+// request that had no answer there may land after this one (it ended
+// first as the client saw it, but two connections can be reordered by the
+// network), and would set the key or queue the member again (review 3,
+// F6). It returns once decided (see ask), the requests running on base,
+// each node's after its request in after.
+func (l *Locker) release(ctx, base context.Context, timeout time.Duration, after []<-chan struct{}, n waitq.Names, owner, member string, wake bool, bury []bool, decided func(tally) bool, only func(int) bool) tally {
 	w := "0"
 	if wake {
 		w = "1"
 	}
-	votes, _ := l.ask(request{ctx: ctx, base: base, timeout: timeout, only: only, after: after, decided: decided, do: func(ctx context.Context, c redis.UniversalClient) vote {
-		ok, err := scripts.Release.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, owner, n.Wake, member, w).Bool()
+	votes, _ := l.ask(request{ctx: ctx, base: base, timeout: timeout, only: only, after: after, decided: decided, do: func(ctx context.Context, i int, c redis.UniversalClient) vote {
+		args := []any{owner, n.Wake, member, w}
+		if bury != nil && bury[i] {
+			args = append(args, "", l.ttl, "t")
+		}
+		ok, err := scripts.Release.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, args...).Bool()
 		return vote{yes: ok, err: err}
 	}})
 	return count(votes)
@@ -727,8 +751,8 @@ func (l *Locker) release(ctx, base context.Context, timeout time.Duration, after
 
 // grant wraps a granted lock in a lease and starts its watchdog, whose
 // validity runs from sent, when the acquire requests were sent.
-func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner, member string, sent time.Time, acquires []<-chan struct{}) (locking.Lease, error) {
-	s := &lease{l: l, key: key, names: n, owner: owner, member: member, acquires: acquires}
+func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner, member string, sent time.Time, acquires []<-chan struct{}, unanswered []bool) (locking.Lease, error) {
+	s := &lease{l: l, key: key, names: n, owner: owner, member: member, acquires: acquires, unanswered: unanswered}
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
 		onFail = func(err error) { f(key, err) }
@@ -736,7 +760,7 @@ func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner, me
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		l.leave(ctx, n, owner, member, acquires)
+		l.leave(ctx, n, owner, member, acquires, unanswered)
 		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
 	}
 	s.ka = locking.StartKeepalive(l.cfg.TTL, sent, s.renew, onFail)
@@ -787,8 +811,11 @@ type lease struct {
 	owner    string
 	member   string            // its waiter's queue entry, kept by every node (see Acquire)
 	acquires []<-chan struct{} // per node, closed once its acquire requests ended
-	ka       *locking.Keepalive
-	released atomic.Bool
+	// unanswered marks the nodes where an acquire request had no answer:
+	// Release buries owner and member there (see release).
+	unanswered []bool
+	ka         *locking.Keepalive
+	released   atomic.Bool
 }
 
 func (s *lease) Key() string           { return s.key }
@@ -810,7 +837,7 @@ func (s *lease) renew(ctx context.Context) error {
 	if deadline, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(deadline))
 	}
-	votes, _ := l.ask(request{ctx: ctx, base: context.WithoutCancel(ctx), timeout: timeout, decided: l.confirmed, do: func(ctx context.Context, c redis.UniversalClient) vote {
+	votes, _ := l.ask(request{ctx: ctx, base: context.WithoutCancel(ctx), timeout: timeout, decided: l.confirmed, do: func(ctx context.Context, _ int, c redis.UniversalClient) vote {
 		ok, err := scripts.Renew.Run(ctx, c, []string{s.names.Lock}, s.owner, l.ttl).Bool()
 		return vote{yes: ok, err: err}
 	}})
@@ -838,7 +865,7 @@ func (s *lease) Release(ctx context.Context) error {
 	s.l.forget(s)
 	ctx, cancel := context.WithTimeout(ctx, s.l.cfg.TTL)
 	defer cancel()
-	t := s.l.release(ctx, context.WithoutCancel(ctx), s.l.cfg.TTL, s.acquires, s.names, s.owner, s.member, true, s.l.confirmed, nil)
+	t := s.l.release(ctx, context.WithoutCancel(ctx), s.l.cfg.TTL, s.acquires, s.names, s.owner, s.member, true, s.unanswered, s.l.confirmed, nil)
 	switch {
 	case t.yes >= s.l.quorum:
 		return nil

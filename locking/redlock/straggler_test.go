@@ -3,6 +3,11 @@ package redlock_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -126,8 +131,8 @@ func TestAbandonedAttemptLeavesNothing(t *testing.T) {
 const rivalWaiter = "rival:waiter"
 
 // leftOn describes what a lock key has on one node besides another owner's
-// "rival" key and rivalWaiter: an owner's key, queued or live waiters; ""
-// if nothing.
+// "rival" key, rivalWaiter and tombstones: an owner's key, queued or live
+// waiters; "" if nothing.
 func leftOn(t *testing.T, c redis.UniversalClient, lock string) string {
 	t.Helper()
 	owner, err := c.Get(t.Context(), lock).Result()
@@ -148,7 +153,7 @@ func leftOn(t *testing.T, c redis.UniversalClient, lock string) string {
 			t.Fatal(err)
 		}
 		for _, m := range members {
-			if m != rivalWaiter {
+			if m != rivalWaiter && !strings.HasPrefix(m, "gone:") { // tombstones lapse with the TTL
 				left += " " + set + " keeps the departed waiter " + m
 			}
 		}
@@ -240,4 +245,120 @@ func TestRenewalReachesSlowerNode(t *testing.T) {
 		t.Error("the lease was lost")
 	default:
 	}
+}
+
+// An undo that overtakes the acquire it undoes must still leave nothing:
+// node 2's acquire request is held back 300 ms on its connection (as
+// retransmissions would; the client has given up on it after 60 ms and
+// closed that connection), while the undo and the leave go on a fresh
+// connection and arrive first. They bury the attempt's owner and the
+// waiter there, and the late acquire is refused (review 3, F6 (b)).
+// Without the tombstones the late acquire took the key for a TTL.
+func TestOvertakenAcquireRefused(t *testing.T) {
+	addrs := testbed.Redises(t, 3)
+	admins := clients(t, addrs)
+	var hold atomic.Bool // the next write on a connection to node 2 is held back
+	var cs []redis.UniversalClient
+	for i, a := range addrs {
+		o, err := redisconn.Options(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 2 {
+			o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &heldConn{Conn: c, hold: &hold, delay: 300 * time.Millisecond}, nil
+			}
+		}
+		c := redis.NewUniversalClient(o)
+		t.Cleanup(func() { c.Close() })
+		cs = append(cs, c)
+	}
+	l, err := redlock.New(cs, redlock.Config{TTL: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	warm, err := l.Acquire(t.Context(), "warm") // scripts loaded, connections open
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	const key = "overtaken"
+	lock := "lock:{" + key + "}"
+	if err := admins[1].Set(t.Context(), lock, "rival", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	hold.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Millisecond)
+	lease, err := l.Acquire(ctx, key)
+	cancel()
+	if err == nil {
+		lease.Release(t.Context())
+		t.Fatal("Acquire got the lock with node 1 held by another owner")
+	}
+	if hold.Load() {
+		t.Fatal("no request to node 2 was held back: the test proves nothing")
+	}
+	time.Sleep(time.Second) // the held acquire lands at 300 ms
+	for _, i := range []int{0, 2} {
+		if left := leftOn(t, admins[i], lock); left != "" {
+			t.Errorf("node %d, 1 s after the attempt: %s", i, left)
+		}
+	}
+}
+
+// heldConn holds back the first write made while hold is set by delay,
+// with every later write of the connection behind it (in order, as TCP
+// would deliver them), even past Close.
+type heldConn struct {
+	net.Conn
+	hold  *atomic.Bool
+	delay time.Duration
+
+	mu      sync.Mutex
+	pending chan []byte // nil until a write is held back
+	closed  bool
+}
+
+func (c *heldConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending == nil && c.hold.CompareAndSwap(true, false) {
+		c.pending = make(chan []byte, 64)
+		go c.flush(time.Now().Add(c.delay))
+	}
+	if c.pending == nil {
+		return c.Conn.Write(p)
+	}
+	c.pending <- slices.Clone(p)
+	return len(p), nil
+}
+
+func (c *heldConn) flush(at time.Time) {
+	time.Sleep(time.Until(at))
+	for p := range c.pending {
+		c.Conn.SetWriteDeadline(time.Time{}) // the client's has passed: the kernel would still send
+		c.Conn.Write(p)
+	}
+	c.Conn.Close()
+}
+
+func (c *heldConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if c.pending != nil {
+		close(c.pending) // flush closes the connection once written
+		return nil
+	}
+	return c.Conn.Close()
 }

@@ -11,9 +11,11 @@
 -- (Redlock: a grant on one node is not yet a grant; the release takes the
 -- place out), else ''; ARGV[8] 's' to wake with SPUBLISH (see wake), or
 -- absent; ARGV[9] 'g' if releases hand the lock to the first waiter
--- (release.lua), else absent: then a lock that holds the caller's owner
--- was handed to it, and is its lock (its TTL renewed, its token the
--- counter's value), and a refusal carries the counter's value.
+-- (release.lua), else '' or absent: then a lock that holds the caller's
+-- owner was handed to it, and is its lock (its TTL renewed, its token the
+-- counter's value), and a refusal carries the counter's value; ARGV[10]
+-- 't' (Redlock) to refuse, without queueing, an owner or member a release
+-- ended here (its tombstone, see gone), else absent.
 -- Returns {1, token (0 without a counter)} when granted, else
 -- {0, ms to wait at most, holder's owner or ''[, the fence counter, the
 -- waiters ahead with 'g']}: the holder's remaining TTL, or, when the lock
@@ -24,6 +26,13 @@
 -- queues behind it instead of taking it (fair handoff). A waiter that stops
 -- trying (dead, or it gave up and could not say so) loses its place when
 -- its liveness deadline passes.
+-- A late request of an attempt or wait already ended here: its undo or
+-- leave, sent on another connection once this request had timed out, got
+-- here first (a network can reorder two connections). Taking the key or a
+-- place now would leave it behind for a TTL.
+if ARGV[10] == 't' and (gone(ARGV[1]) or gone(ARGV[3])) then
+	return {0, 0, ''}
+end
 -- Nobody queued: a free lock is the caller's at once, with nothing to
 -- keep (the uncontended path, as cheap as a plain SET NX).
 if redis.call('exists', KEYS[2]) == 0 and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then

@@ -10,7 +10,9 @@
 -- completes it), ARGV[3] the member of a waiter that gives up, or '',
 -- ARGV[4] '1' to wake the first waiter, 'g' to hand it the lock, ARGV[5]
 -- 's' to wake with SPUBLISH (see wake), or absent; ARGV[6] ttl in ms
--- (needed by 'g').
+-- (needed by 'g' and 't'); ARGV[7] 't' (Redlock) to leave tombstones for
+-- the owner and the member for ttl (see gone), so that a late acquire of
+-- theirs is refused here, else absent.
 -- Returns 1 if released, 0 if not held (expired, or someone else's now).
 -- A waiter that gives up leaves the queue and passes the wake-up (or the
 -- lock, if it was handed the lock it no longer wants) on.
@@ -21,6 +23,9 @@ if ARGV[3] ~= '' then
 end
 if held then
 	redis.call('del', KEYS[1])
+end
+if ARGV[7] == 't' then
+	bury(ARGV[1], ARGV[3], tonumber(ARGV[6]))
 end
 -- Nobody queued (the queue goes with its last entry): nobody to wake.
 if (ARGV[4] == '1' or ARGV[4] == 'g') and redis.call('exists', KEYS[2]) == 1 and redis.call('exists', KEYS[1]) == 0 then

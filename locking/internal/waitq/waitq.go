@@ -55,16 +55,20 @@ type Scripts struct {
 	// member, life ms, place in µs ('' = the server's time), wake prefix,
 	// 'keep' to keep the place when granted (else ''), 's' to wake with
 	// SPUBLISH (Redis Cluster; else '' or absent), 'g' with direct
-	// handoff (else absent). Returns {1, token} or {0, ms to wait at
-	// most, holder[, fence counter, waiters ahead with 'g']}.
+	// handoff (else '' or absent), 't' to refuse an owner or member a
+	// release buried here (Redlock; else absent). Returns {1, token} or
+	// {0, ms to wait at most, holder[, fence counter, waiters ahead with
+	// 'g']}.
 	Acquire *redis.Script
 	// Renew: KEYS lock; ARGV owner, ttl ms. Returns 1 if extended.
 	Renew *redis.Script
 	// Release: KEYS lock, queue, alive[, fence]; ARGV owner, wake prefix,
 	// member giving up or '', '1' to wake the first waiter or 'g' to hand
 	// it the lock (direct handoff: needs the fence and the ttl), 's' to
-	// wake with SPUBLISH (else '' or absent), ttl ms. Returns 1 if
-	// released.
+	// wake with SPUBLISH (else '' or absent), ttl ms, 't' to bury the
+	// owner and the member for ttl: a tombstone that makes a late acquire
+	// of theirs refused (Redlock, whose undo can overtake the acquire it
+	// undoes; else absent). Returns 1 if released.
 	Release *redis.Script
 }
 
