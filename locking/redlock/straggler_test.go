@@ -58,19 +58,7 @@ func TestAbandonedAttemptLeavesNothing(t *testing.T) {
 				t.Cleanup(func() { c.Close() })
 				cs = append(cs, c)
 			}
-			// TTL 4 s: a per-node timeout of 100 ms.
-			l, err := redlock.New(cs, redlock.Config{TTL: 4 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { l.Close() })
-			warm, err := l.Acquire(t.Context(), "warm-"+tc.name) // scripts loaded, connections open
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := warm.Release(t.Context()); err != nil {
-				t.Fatal(err)
-			}
+			l := warmLocker(t, cs)
 			for _, queued := range []bool{false, true} {
 				key := fmt.Sprintf("abandoned-%s-%v", tc.name, queued)
 				lock := "lock:{" + key + "}"
@@ -129,6 +117,24 @@ func TestAbandonedAttemptLeavesNothing(t *testing.T) {
 
 // rivalWaiter is another Locker's waiter, put in a queue by the test.
 const rivalWaiter = "rival:waiter"
+
+// warmLocker returns a Locker on cs with a TTL of 4 s (a per-node timeout
+// of 100 ms), its scripts loaded and its connections open.
+func warmLocker(t *testing.T, cs []redis.UniversalClient) *redlock.Locker {
+	l, err := redlock.New(cs, redlock.Config{TTL: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	warm, err := l.Acquire(t.Context(), "warm-"+testbed.Prefix(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
 
 // leftOn describes what a lock key has on one node besides another owner's
 // "rival" key, rivalWaiter and tombstones: an owner's key, queued or live
@@ -277,18 +283,7 @@ func TestOvertakenAcquireRefused(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		cs = append(cs, c)
 	}
-	l, err := redlock.New(cs, redlock.Config{TTL: 4 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	warm, err := l.Acquire(t.Context(), "warm") // scripts loaded, connections open
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Release(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	l := warmLocker(t, cs)
 	const key = "overtaken"
 	lock := "lock:{" + key + "}"
 	if err := admins[1].Set(t.Context(), lock, "rival", time.Minute).Err(); err != nil {
