@@ -5,7 +5,6 @@ package backends
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -120,19 +119,11 @@ func Open(ctx context.Context, name string, cfg Config) (locking.Locker, error) 
 		}
 		return owned{Locker: l, closers: closers}, nil
 	case "mysql":
-		db, err := sql.Open("mysql", cfg.MySQLDSN)
+		// Its own pool: sized for the lock, its statements kept out of
+		// the binary log, the topology checked.
+		db, err := mysqllock.OpenDB(ctx, cfg.MySQLDSN)
 		if err != nil {
 			return nil, fmt.Errorf("mysql lock: %w", err)
-		}
-		// Waiters poll together: with database/sql's default of 2 idle
-		// connections most polls would reconnect and re-prepare. The cap
-		// bounds what a crowd of waiters costs the shared database.
-		db.SetMaxOpenConns(32)
-		db.SetMaxIdleConns(32)
-		db.SetConnMaxIdleTime(time.Minute)
-		if err := db.PingContext(ctx); err != nil {
-			db.Close()
-			return nil, unavailable(name, err)
 		}
 		l := mysqllock.New(db, mysqllock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
 		return owned{Locker: l, closers: []func() error{db.Close}}, nil

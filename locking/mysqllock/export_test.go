@@ -8,3 +8,13 @@ var QueueName = queueName
 // Queued tells whether a lease's holder took the key's named lock (its
 // owner's prefix): a grant without it barged past the queue.
 func Queued(l locking.Lease) bool { return l.(*lease).owner[0] == queuedOwner }
+
+// CheckTopology exposes the supported-topology decision to the tests.
+var CheckTopology = checkTopology
+
+// Closed says whether Close has begun.
+func Closed(l *Locker) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}

@@ -190,6 +190,11 @@ const remaining = `SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MAX(expir
 	COALESCE(MAX(owner LIKE 'q%'), 0), IS_USED_LOCK(?)
 FROM oversold_leases WHERE lock_key = ?`
 
+// sweep deletes a batch of rows whose lease ran out (dead holders',
+// released ones the database never saw), when the table is full: each is
+// what dropExpired would delete on the key's next grab.
+const sweep = `DELETE FROM oversold_leases WHERE expires_at < UTC_TIMESTAMP(6) LIMIT 1000`
+
 // renew extends only our own unexpired lease. Args: ttl µs, key, owner.
 const renew = `UPDATE oversold_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)`
@@ -219,7 +224,25 @@ FROM oversold_lock_epochs WHERE id = 1`
 const (
 	erDupEntry = 1062 // ER_DUP_ENTRY: the key's row exists
 	erBadNull  = 1048 // ER_BAD_NULL_ERROR: our epoch is not the run's (grab)
+	erFull     = 1114 // ER_RECORD_FILE_FULL: max_heap_table_size reached
 )
+
+// swept handles a grab's error: when the lease table is full, it deletes
+// a batch of expired rows and says whether to try the grab again (once,
+// the first time); else it leaves err alone.
+func (l *Locker) swept(ctx context.Context, err error, try int) (bool, error) {
+	var myErr *mysql.MySQLError
+	if !errors.As(err, &myErr) || myErr.Number != erFull {
+		return false, err
+	}
+	if try == 0 {
+		if _, serr := l.stmts.Load().sweep.ExecContext(ctx); serr != nil {
+			return false, errors.Join(err, serr)
+		}
+		return true, nil
+	}
+	return false, fmt.Errorf("lease table full of live leases (its size is max_heap_table_size at its creation): %w", err)
+}
 
 // Locker grants leases from the lock table in db. It is safe for
 // concurrent use.
@@ -245,11 +268,11 @@ type Locker struct {
 // unprepared, go-sql-driver prepares, runs and closes every statement with
 // arguments (unless the DSN sets interpolateParams).
 type statements struct {
-	grab, dropExpired, remaining, renew, free *sql.Stmt
+	grab, dropExpired, remaining, renew, free, sweep *sql.Stmt
 }
 
 func (s *statements) close() {
-	for _, stmt := range []*sql.Stmt{s.grab, s.dropExpired, s.remaining, s.renew, s.free} {
+	for _, stmt := range []*sql.Stmt{s.grab, s.dropExpired, s.remaining, s.renew, s.free, s.sweep} {
 		if stmt != nil {
 			stmt.Close()
 		}
@@ -340,11 +363,17 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lea
 		if errors.Is(err, errGaveUp) {
 			qc = nil // the grab's goroutine has it
 		}
+		var myErr *mysql.MySQLError
+		if err != nil && !errors.As(err, &myErr) && !errors.Is(err, errClosed) {
+			err = fmt.Errorf("%w: %w", errStaleQueueConn, err) // no answer from the server
+		}
 		if err != nil {
-			return nil, l.failed(ctx, key, fmt.Errorf("%w: %w", errStaleQueueConn, err))
+			return nil, l.failed(ctx, key, err)
 		}
 		if g.token != 0 {
-			return l.hold(key, owner, g.token, sent, qc), nil
+			s, err := l.hold(key, owner, g.token, sent, qc)
+			qc = nil // hold's now
+			return s, l.failedIf(ctx, key, err)
 		}
 		queued = g.queued
 	}
@@ -418,7 +447,9 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lea
 				l.putQueueConn(qc, true)
 				qc = nil
 			}
-			return l.hold(key, owner, token, sent, qc), nil
+			s, err := l.hold(key, owner, token, sent, qc)
+			qc = nil // hold's now
+			return s, l.failedIf(ctx, key, err)
 		}
 		if qc != nil && !queued {
 			continue // someone else took the free row: wait for it
@@ -474,11 +505,25 @@ func (l *Locker) grab(ctx context.Context, key, owner string, qc *queueConn) (gr
 		} else {
 			r.g.token, r.err = l.grabOnce(ctx, key, owner)
 		}
+		if r.g.token != 0 {
+			// A grant: hold registers it, or frees it if Close began,
+			// before Close closes the statements (it waits for this).
+			l.mu.Lock()
+			if l.closed {
+				r = result{err: errClosed}
+			} else {
+				l.background.Add(1) // for hold: Done there
+			}
+			l.mu.Unlock()
+		}
 		delivered := false
 		select {
 		case handoff <- r:
 			delivered = true
 		case <-ctx.Done():
+		}
+		if r.g.token != 0 && !delivered {
+			l.background.Done() // no hold
 		}
 		if (r.err != nil && !errors.Is(r.err, errNoEpoch)) || (r.g.token != 0 && !delivered) {
 			l.free(ctx, key, owner)
@@ -508,6 +553,12 @@ func (l *Locker) grabQueued(ctx context.Context, key, owner string, qc *queueCon
 	defer cancel()
 	epoch := l.epoch.Load()
 	res, err := qc.grab.ExecContext(gctx, key, owner, l.cfg.TTL.Microseconds(), epoch, queueName(key))
+	if again, serr := l.swept(gctx, err, 0); again {
+		res, err = qc.grab.ExecContext(gctx, key, owner, l.cfg.TTL.Microseconds(), epoch, queueName(key))
+		_, err = l.swept(gctx, err, 1)
+	} else {
+		err = serr
+	}
 	var myErr *mysql.MySQLError
 	switch {
 	case errors.As(err, &myErr) && myErr.Number == erDupEntry:
@@ -543,8 +594,15 @@ func (l *Locker) grabOnce(ctx context.Context, key, owner string) (uint64, error
 	defer cancel()
 	st := l.stmts.Load()
 	epoch := l.epoch.Load()
+	full := 0 // sweeps done
 	for try := 0; ; try++ {
 		res, err := st.grab.ExecContext(gctx, key, epoch, owner, l.cfg.TTL.Microseconds())
+		again, err := l.swept(gctx, err, full)
+		if again {
+			full++
+			try--
+			continue
+		}
 		var myErr *mysql.MySQLError
 		switch {
 		case err == nil:
@@ -622,9 +680,26 @@ func (l *Locker) bootEpoch(ctx context.Context) (uint64, time.Duration, error) {
 	if _, err := conn.ExecContext(ctx, placeBoot, l.cfg.TTL.Microseconds()); err != nil {
 		return 0, 0, err
 	}
-	tx, err := conn.BeginTx(ctx, nil)
+	// The bump is logged: a promoted replica must bump past it.
+	restore, err := logOn(ctx, conn)
 	if err != nil {
 		return 0, 0, err
+	}
+	bumped, err := bump(ctx, conn)
+	if err := errors.Join(err, restore()); err != nil {
+		return 0, 0, err
+	}
+	if _, err := conn.ExecContext(ctx, setBoot, bumped); err != nil {
+		return 0, 0, err
+	}
+	return read() // ours, or another Locker's
+}
+
+// bump adds 1 to the durable epoch and returns it, committed.
+func bump(ctx context.Context, conn *sql.Conn) (int64, error) {
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
 	}
 	res, err := tx.ExecContext(ctx, bumpEpoch)
 	var bumped int64
@@ -633,15 +708,9 @@ func (l *Locker) bootEpoch(ctx context.Context) (uint64, time.Duration, error) {
 	}
 	if err != nil {
 		tx.Rollback()
-		return 0, 0, err
+		return 0, err
 	}
-	if err := tx.Commit(); err != nil {
-		return 0, 0, err
-	}
-	if _, err := conn.ExecContext(ctx, setBoot, bumped); err != nil {
-		return 0, 0, err
-	}
-	return read() // ours, or another Locker's
+	return bumped, tx.Commit()
 }
 
 // waitState is what remaining reads: the holder's lease left (<= 0 when
@@ -678,6 +747,14 @@ func (l *Locker) free(ctx context.Context, key, owner string) {
 	l.stmts.Load().free.ExecContext(fctx, key, owner)
 }
 
+// failedIf is failed for a non-nil err.
+func (l *Locker) failedIf(ctx context.Context, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return l.failed(ctx, key, err)
+}
+
 // failed wraps an error that ended Acquire: the caller's ctx when that is
 // what ended it, else the database's failure as ErrUnavailable.
 func (l *Locker) failed(ctx context.Context, key string, err error) error {
@@ -712,10 +789,11 @@ func (l *Locker) prepare(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, prepareTimeout)
 	defer cancel()
-	for _, q := range createTables {
-		if _, err := l.db.ExecContext(ctx, q); err != nil {
-			return fmt.Errorf("create tables: %w", err)
-		}
+	if err := checkServer(ctx, l.db); err != nil {
+		return err
+	}
+	if err := l.createTables(ctx); err != nil {
+		return fmt.Errorf("create tables: %w", err)
 	}
 	var err error
 	prep := func(query string) *sql.Stmt {
@@ -727,7 +805,7 @@ func (l *Locker) prepare(ctx context.Context) error {
 		return stmt
 	}
 	st := &statements{grab: prep(grab), dropExpired: prep(dropExpired), remaining: prep(remaining),
-		renew: prep(renew), free: prep(free)}
+		renew: prep(renew), free: prep(free), sweep: prep(sweep)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err == nil && l.closed {
@@ -741,9 +819,33 @@ func (l *Locker) prepare(ctx context.Context) error {
 	return nil
 }
 
+// createTables creates the tables, logged: a replica needs them to be
+// promoted (server.go).
+func (l *Locker) createTables(ctx context.Context) error {
+	conn, err := l.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	restore, err := logOn(ctx, conn)
+	if err != nil {
+		return err
+	}
+	for _, q := range createTables {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			restore()
+			return err
+		}
+	}
+	return restore()
+}
+
 // hold starts renewing a lease granted by a statement sent at sent; qc,
-// if not nil, holds the key's named lock until Release.
-func (l *Locker) hold(key, owner string, token uint64, sent time.Time, qc *queueConn) *lease {
+// if not nil, holds the key's named lock until Release. grab counted it
+// in l.background, so the statements are open until it returns. A grant
+// that lands while Close runs is freed at once: errClosed.
+func (l *Locker) hold(key, owner string, token uint64, sent time.Time, qc *queueConn) (*lease, error) {
+	defer l.background.Done()
 	s := &lease{locker: l, key: key, owner: owner, token: token, queue: qc}
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
@@ -756,13 +858,15 @@ func (l *Locker) hold(key, owner string, token uint64, sent time.Time, qc *queue
 		l.leases[s] = struct{}{}
 	}
 	l.mu.Unlock()
-	if closed { // Close ran during the grab: it ends this lease too
+	if closed { // Close ran during the grab: undo the grant
 		s.keepalive.Stop()
 		s.keepalive.MarkLost()
-		s.queue = nil
-		l.putQueueConn(qc, false)
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL/3)
+		defer cancel()
+		s.free(ctx) // best effort: a row it misses expires within TTL
+		return nil, errClosed
 	}
-	return s
+	return s, nil
 }
 
 var errClosed = errors.New("locker closed")

@@ -1,0 +1,168 @@
+package mysqllock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/oversold-lab/oversold/locking"
+)
+
+// The server the lock runs on. Supported: one primary, with or without
+// asynchronous replicas. The leases and the boot row are MEMORY tables,
+// which must stay out of the binary log: a replica's copies are empty after
+// it restarts, and the primary's DELETE of a lease granted before that
+// restart finds no row there and stops replication (error 1032). So the
+// lock's connections run with sql_log_bin=0 when the server logs (OpenDB);
+// only the table definitions and the durable epoch counter (InnoDB) are
+// logged (logged). A promoted replica then has no boot row: its first
+// grab bumps the epoch it replicated and waits one TTL, as after a restart.
+// Galera replicates no MEMORY table (each node would grant every key on
+// its own) and Group Replication refuses writes to one: both are refused.
+
+// erAccessDenied is ER_SPECIFIC_ACCESS_DENIED_ERROR: no privilege to set
+// sql_log_bin.
+const erAccessDenied = 1227
+
+// OpenDB opens the pool a Locker runs on, for dsn (go-sql-driver), checks
+// that the server answers and is a supported topology, and keeps the
+// lock's statements out of the binary log when the server logs: the DSN
+// then gets sql_log_bin=0, which every connection sets as it opens. That
+// needs the SUPER or BINLOG ADMIN privilege on MariaDB, SUPER,
+// SYSTEM_VARIABLES_ADMIN or SESSION_VARIABLES_ADMIN on MySQL 8; without it
+// OpenDB fails saying so. A server that does not answer is an error
+// wrapping locking.ErrUnavailable.
+func OpenDB(ctx context.Context, dsn string) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	db, err := openPool(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var logs bool
+	if err := db.QueryRowContext(ctx, `SELECT @@GLOBAL.log_bin AND @@SESSION.sql_log_bin`).Scan(&logs); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
+	}
+	if logs {
+		db.Close()
+		if cfg.Params == nil {
+			cfg.Params = map[string]string{}
+		}
+		cfg.Params["sql_log_bin"] = "0"
+		var myErr *mysql.MySQLError
+		if db, err = openPool(ctx, cfg); errors.As(err, &myErr) && myErr.Number == erAccessDenied {
+			return nil, fmt.Errorf("the binary log is on and the lock must keep its MEMORY tables out of it, "+
+				"but its user may not SET sql_log_bin=0: grant it BINLOG ADMIN (MariaDB) or "+
+				"SESSION_VARIABLES_ADMIN (MySQL 8): %w", err)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if err := checkServer(ctx, db); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// openPool opens and pings a pool sized for a Locker.
+func openPool(ctx context.Context, cfg *mysql.Config) (*sql.DB, error) {
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	db := sql.OpenDB(conn)
+	// Waiters poll together: with database/sql's default of 2 idle
+	// connections most polls would reconnect and re-prepare. The cap
+	// bounds what a crowd of waiters costs the shared database.
+	db.SetMaxOpenConns(32)
+	db.SetMaxIdleConns(32)
+	db.SetConnMaxIdleTime(time.Minute)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		var myErr *mysql.MySQLError
+		if errors.As(err, &myErr) {
+			return nil, err // the server answered: a setting, not an outage
+		}
+		return nil, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
+	}
+	return db, nil
+}
+
+// checkServer refuses a topology the lock cannot keep exclusion on, and a
+// pool whose statements would reach the binary log.
+func checkServer(ctx context.Context, db *sql.DB) error {
+	rows, err := db.QueryContext(ctx, `SHOW GLOBAL VARIABLES
+WHERE Variable_name IN ('wsrep_on', 'group_replication_group_name')`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	vars := map[string]string{}
+	for rows.Next() {
+		var name, value string
+		if err := rows.Scan(&name, &value); err != nil {
+			return err
+		}
+		vars[name] = value
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	var logs bool
+	if err := db.QueryRowContext(ctx, `SELECT @@GLOBAL.log_bin AND @@SESSION.sql_log_bin`).Scan(&logs); err != nil {
+		return err
+	}
+	return checkTopology(vars, logs)
+}
+
+// checkTopology is checkServer's decision, from the server's wsrep_on and
+// group_replication_group_name (absent when not there) and whether the
+// pool's statements are logged.
+func checkTopology(vars map[string]string, logs bool) error {
+	switch {
+	case vars["wsrep_on"] == "ON":
+		return errors.New("Galera (wsrep_on=ON) is not supported: the lease table is a MEMORY table, which Galera does not replicate, " +
+			"so every node would grant the same key; use one primary with asynchronous replicas")
+	case vars["group_replication_group_name"] != "":
+		return errors.New("Group Replication is not supported: it refuses writes to the lease table, a MEMORY table; " +
+			"use one primary with asynchronous replicas")
+	case logs:
+		return errors.New("the binary log is on and the pool's statements are logged: the lock's MEMORY tables must stay out of it " +
+			"(a replica restart would stop replication); open the pool with mysqllock.OpenDB, or add sql_log_bin=0 to the DSN")
+	}
+	return nil
+}
+
+// logOn turns binary logging on for conn, if the pool turned it off, for a
+// statement replicas must see (the tables' definitions, the durable epoch);
+// restore turns it off again, or discards conn if it cannot.
+func logOn(ctx context.Context, conn *sql.Conn) (restore func() error, err error) {
+	var on bool
+	if err := conn.QueryRowContext(ctx, `SELECT @@SESSION.sql_log_bin`).Scan(&on); err != nil {
+		return nil, err
+	}
+	if on {
+		return func() error { return nil }, nil
+	}
+	if _, err := conn.ExecContext(ctx, `SET SESSION sql_log_bin = 1`); err != nil {
+		return nil, err
+	}
+	return func() error {
+		_, err := conn.ExecContext(ctx, `SET SESSION sql_log_bin = 0`)
+		if err != nil {
+			// Never give a logging connection back to the pool.
+			conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		return err
+	}, nil
+}

@@ -1,0 +1,148 @@
+package mysqllock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/mysqllock"
+)
+
+// A full lease table (max_heap_table_size; here MAX_ROWS) of expired rows
+// (holders that died, releases that never arrived) must not stop the lock
+// (review-4 M2): the grab sweeps expired rows and tries again, also for a
+// key whose own expired row is there. Before the fix every Acquire failed
+// with 1114 until a restart. A table full of live leases fails with
+// ErrUnavailable saying so, not as a broken queue connection.
+func TestFullTableOfExpiredRows(t *testing.T) {
+	dsn := testbed.MySQL(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	db := openDB(t, dsn)
+	l := mysqllock.New(db, mysqllock.Config{TTL: 5 * time.Second})
+	defer l.Close()
+	first, err := l.Acquire(ctx, "first") // creates the tables
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, "ALTER TABLE oversold_leases MAX_ROWS = 50")
+	fill := func(prefix, expires string) {
+		t.Helper()
+		_, err := db.ExecContext(ctx, `INSERT INTO oversold_leases (lock_key, epoch, owner, expires_at)
+SELECT CONCAT(?, seq), 1, 'p0000000000000000000000000000000', `+expires+` FROM seq_1_to_1000`, prefix)
+		if !strings.Contains(errText(err), "is full") {
+			t.Fatalf("filling the table: %v, want 1114 (table full)", err)
+		}
+	}
+	fill("sku/dead/", "UTC_TIMESTAMP(6) - INTERVAL 1 HOUR")
+	for _, key := range []string{"sku/dead/7", "sku/new"} { // its own expired row; none
+		lease, err := l.Acquire(ctx, key)
+		if err != nil {
+			t.Fatalf("Acquire(%q) on a table full of expired rows: %v", key, err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	fill("sku/live/", "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR")
+	_, err = l.Acquire(ctx, "sku/another")
+	if !errors.Is(err, locking.ErrUnavailable) || !strings.Contains(err.Error(), "full") ||
+		strings.Contains(err.Error(), "queue connection") {
+		t.Errorf("Acquire on a table full of live leases: %v, want ErrUnavailable saying the table is full", err)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM oversold_leases WHERE lock_key LIKE 'sku/live/%'`).Scan(&n); err != nil || n == 0 {
+		t.Errorf("live leases after the sweep: %d (%v), want them all kept", n, err)
+	}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return err.Error()
+}
+
+// A grant that lands while Close runs is freed at once, and Acquire fails
+// (review-4 M5): before, it returned a lease already Lost and the row kept
+// the key from everyone for a TTL. The grab is held up by a table lock
+// until Close has begun.
+func TestGrantDuringCloseIsFreed(t *testing.T) {
+	dsn := testbed.MySQL(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	db := openDB(t, dsn)
+	l := mysqllock.New(db, mysqllock.Config{TTL: 30 * time.Second})
+	warm, err := l.Acquire(ctx, "warm") // tables, statements, an idle queue connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := openDB(t, dsn)
+	blocker, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close()
+	if _, err := blocker.ExecContext(ctx, "LOCK TABLES oversold_leases WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease locking.Lease
+		err   error
+	}
+	acquired := make(chan result, 1)
+	go func() {
+		s, err := l.Acquire(ctx, "sku/closing")
+		acquired <- result{s, err}
+	}()
+	waitFor(t, func() bool { // the grab waits for the table lock
+		var n int
+		other.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+WHERE INFO LIKE 'INSERT INTO oversold_leases%' AND STATE LIKE '%lock%'`).Scan(&n)
+		return n > 0
+	})
+	closed := make(chan struct{})
+	go func() {
+		l.Close()
+		close(closed)
+	}()
+	waitFor(t, func() bool { return mysqllock.Closed(l) })
+	if _, err := blocker.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
+		t.Fatal(err)
+	}
+	r := <-acquired
+	<-closed
+	if r.err == nil {
+		t.Errorf("Acquire during Close returned a lease (token %#x) and no error", r.lease.Token())
+	}
+	var n int
+	if err := other.QueryRowContext(ctx, `SELECT COUNT(*) FROM oversold_leases
+WHERE lock_key = 'sku/closing' AND expires_at >= UTC_TIMESTAMP(6)`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("the grant that landed during Close keeps its row (%d): the key is blocked for a TTL", n)
+	}
+	t.Logf("Acquire during Close: %v", r.err)
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting")
+		}
+	}
+}
+
