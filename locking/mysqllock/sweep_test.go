@@ -145,4 +145,3 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 }
-
