@@ -81,11 +81,17 @@
 //     epoch. The first run of all (the durable epoch still 0) has nothing
 //     to wait out. Lockers sharing a database should share a TTL.
 //   - The database unreachable: Acquire fails with ErrUnavailable; holders
-//     cannot renew, and Lost closes when their validity runs out. A failover
-//     to a replica that missed recent grants can hand a key out twice, with
-//     a repeated token; a replica applies the grant (a statement on the
-//     MEMORY table, logged at once) before any write fenced with its token
-//     (logged at its commit), so the data it guards rolls back with it.
+//     cannot renew, and Lost closes when their validity runs out.
+//   - A failover to a replica is a restart: the lease and boot tables stay
+//     out of the binary log (server.go), so the promoted server has no boot
+//     row; its first grab bumps the epoch it replicated and waits one TTL.
+//     Its tokens lie above every token whose fenced writes it has: such a
+//     write commits after the bump of its token's epoch, which the replica
+//     applied first. (A replica that missed the very first bump, epoch 1,
+//     has nothing to wait out by that rule and grants at once.) A server
+//     demoted without a restart keeps its boot row and leases: restart it,
+//     or DELETE FROM oversold_lock_boot, before promoting it again, or its
+//     old epoch's tokens, below the ones granted meanwhile, fail the fence.
 //   - A wait ended by its context returns at once and leaves nothing
 //     behind. The grab statement is never abandoned halfway (an abandoned
 //     INSERT can still land on the server after the client gave up): it
@@ -98,11 +104,14 @@
 //     key idles until the first waiter's next poll, at most MaxPoll.
 //   - The MEMORY table holds the rows of held keys and of holders that died
 //     holding one (until the key is taken again or the server restarts);
-//     max_heap_table_size bounds it (16 MiB, about 50,000 rows, by default).
-//   - The first grab and the queued release call GET_LOCK and
-//     RELEASE_ALL_LOCKS inside an INSERT and a DELETE: with the binary log
-//     on, binlog_format must be ROW or MIXED (the default), which logs them
-//     by row; STATEMENT would replay the named locks on replicas.
+//     max_heap_table_size at its creation bounds it (16 MiB, about 45,000
+//     rows, by default). A grab that finds it full deletes up to 1,000
+//     expired rows and tries again; full of live leases, Acquire fails with
+//     ErrUnavailable saying so.
+//   - Supported: one primary, with or without asynchronous replicas. The
+//     lock's statements stay out of the binary log (server.go; OpenDB),
+//     so binlog_format does not matter to them. Galera and Group
+//     Replication are refused (no exclusion on MEMORY tables there).
 package mysqllock
 
 import (
@@ -335,6 +344,20 @@ func (l *Locker) staleName() time.Duration {
 // errStaleQueueConn: the first statement on a queue connection failed.
 var errStaleQueueConn = errors.New("queue connection failed")
 
+// connLost tells whether err says the connection is gone (no answer, or
+// the server's word that it killed it), rather than the statement failed.
+func connLost(err error) bool {
+	var myErr *mysql.MySQLError
+	if errors.As(err, &myErr) {
+		switch myErr.Number {
+		case 1053, 1927, 4031: // shutdown; MariaDB's and MySQL's killed connection
+			return true
+		}
+		return false
+	}
+	return !errors.Is(err, errClosed)
+}
+
 // grabbed is a grab's outcome: the token won (0: none), and whether the
 // grab took the key's named lock (the first grab on a queue connection).
 type grabbed struct {
@@ -363,9 +386,8 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lea
 		if errors.Is(err, errGaveUp) {
 			qc = nil // the grab's goroutine has it
 		}
-		var myErr *mysql.MySQLError
-		if err != nil && !errors.As(err, &myErr) && !errors.Is(err, errClosed) {
-			err = fmt.Errorf("%w: %w", errStaleQueueConn, err) // no answer from the server
+		if err != nil && connLost(err) {
+			err = fmt.Errorf("%w: %w", errStaleQueueConn, err)
 		}
 		if err != nil {
 			return nil, l.failed(ctx, key, err)

@@ -138,23 +138,7 @@ func TestReplicaRestartAndFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustExec(t, rdb, "STOP SLAVE")
-	promoted := time.Now()
-	onReplica := locker(replica.DSN("locks"))
-	lease, err := onReplica.Acquire(ctx, "sku/failover")
-	if err != nil {
-		t.Fatal(err)
-	}
-	granted := time.Now()
-	select {
-	case <-stay.Lost():
-	default:
-		t.Errorf("the promoted replica granted the key %v after the failover while its holder on the old primary still held it (Lost open)",
-			granted.Sub(promoted).Round(time.Millisecond))
-	}
-	if lease.Token() <= before {
-		t.Errorf("token after the failover %#x, not above the %#x the old primary granted", lease.Token(), before)
-	}
-	t.Logf("granted %v after the promotion; tokens up to %#x before, %#x after", granted.Sub(promoted).Round(time.Millisecond), before, lease.Token())
+	lease := takeOver(t, locker(replica.DSN("locks")), "sku/failover", stay, before, "the failover")
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

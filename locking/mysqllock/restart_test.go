@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
 )
@@ -60,22 +61,7 @@ func TestRestartKeepsTokensAndExclusion(t *testing.T) {
 	if err := srv.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	restarted := time.Now()
-	lease, err := rival.Acquire(ctx, "sku/restart")
-	if err != nil {
-		t.Fatal(err)
-	}
-	granted := time.Now()
-	select {
-	case <-held.Lost():
-	default:
-		t.Errorf("the rival was granted the key %v after the restart while the holder from before it still held it (Lost open)",
-			granted.Sub(restarted).Round(time.Millisecond))
-	}
-	if lease.Token() <= before {
-		t.Errorf("token after the restart %#x, not above the %#x granted before it", lease.Token(), before)
-	}
-	t.Logf("granted %v after the restart; tokens %#x before, %#x after", granted.Sub(restarted).Round(time.Millisecond), before, lease.Token())
+	lease := takeOver(t, rival, "sku/restart", held, before, "the restart")
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -94,6 +80,31 @@ func TestRestartKeepsTokensAndExclusion(t *testing.T) {
 	if err := again.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// takeOver acquires key with rival after the server holder's lease was
+// granted on went away (a restart, a failover), and checks the grant: not
+// before held's Lost closed, and a token above before. It returns the
+// lease.
+func takeOver(t *testing.T, rival *mysqllock.Locker, key string, held locking.Lease, before uint64, after string) locking.Lease {
+	t.Helper()
+	start := time.Now()
+	lease, err := rival.Acquire(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := time.Now()
+	select {
+	case <-held.Lost():
+	default:
+		t.Errorf("the rival was granted the key %v after %s while the holder from before it still held it (Lost open)",
+			granted.Sub(start).Round(time.Millisecond), after)
+	}
+	if lease.Token() <= before {
+		t.Errorf("token after %s %#x, not above the %#x granted before it", after, lease.Token(), before)
+	}
+	t.Logf("granted %v after %s; tokens up to %#x before, %#x after", granted.Sub(start).Round(time.Millisecond), after, before, lease.Token())
+	return lease
 }
 
 // privateDatabase starts a MariaDB of the test's own (one it may kill, or
