@@ -51,6 +51,27 @@ SELECT CONCAT(?, seq), 1, 'p0000000000000000000000000000000', `+expires+` FROM s
 			t.Fatal(err)
 		}
 	}
+	// The plain grab too: a stuck holder of the key's named lock (a
+	// paused connection) sends the waiter there after a wait.
+	fill("sku/dead/again/", "UTC_TIMESTAMP(6) - INTERVAL 1 HOUR")
+	stuck, err := openDB(t, dsn).Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close()
+	if _, err := stuck.ExecContext(ctx, "SELECT GET_LOCK(?, 0)", mysqllock.QueueName("sku/plain")); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "sku/plain")
+	if err != nil {
+		t.Fatalf("Acquire past a stuck named lock on a table full of expired rows: %v", err)
+	}
+	if mysqllock.Queued(lease) {
+		t.Error("granted through the named lock, which another connection holds: the plain grab was not tested")
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	fill("sku/live/", "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR")
 	_, err = l.Acquire(ctx, "sku/another")
