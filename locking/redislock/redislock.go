@@ -249,8 +249,19 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	if err != nil {
 		return nil, fmt.Errorf("acquire %q: %w", key, err)
 	}
-	w := waitq.NewWaiter([]*waitq.Notifier{nt}, n.Wake+l.id, member)
-	defer func() { w.Stop() }()
+	// The waiter joins a subscription this process has already (a hot key)
+	// before the first try, which then cannot miss a release; otherwise it
+	// is made at the first refusal (a free key never needs one).
+	channel := n.Wake + l.id
+	var w *waitq.Waiter
+	if nt.Subscribed(channel) {
+		w = waitq.NewWaiter([]*waitq.Notifier{nt}, channel, member)
+	}
+	defer func() {
+		if w != nil {
+			w.Stop()
+		}
+	}()
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -275,9 +286,11 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 				return nil, fmt.Errorf("acquire %q: %w", key, err)
 			}
 			if next != nt {
-				w.Stop()
+				if w != nil {
+					w.Stop()
+				}
 				nt = next
-				w = waitq.NewWaiter([]*waitq.Notifier{nt}, n.Wake+l.id, member)
+				w = waitq.NewWaiter([]*waitq.Notifier{nt}, channel, member)
 			}
 			repick = false
 		}
@@ -292,14 +305,25 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			return nil, fmt.Errorf("acquire %q: %w: %w", key, locking.ErrUnavailable, err)
 		}
 		if token > 0 {
-			w.Drain() // this grant used up the release we were told of
+			if w != nil {
+				w.Drain() // this grant used up the release we were told of
+			}
 			return l.grant(ctx, key, n, owner, token, sent)
 		}
-		woken := (<-chan struct{})(w.Wake)
-		if w.Listening() == 0 {
+		woken := (<-chan struct{})(nil)
+		switch {
+		case w == nil:
+			// Made after the try: a release since may be unheard, so the
+			// next try comes once the subscription is confirmed (at once if
+			// the waiter joined one).
+			w = waitq.NewWaiter([]*waitq.Notifier{nt}, channel, member)
+			woken = w.Subscribe()[0]
+		case w.Listening() == 0:
 			// Subscribe, and try again once the server confirms: a release
 			// between the first try and the subscription is not lost.
 			woken = w.Subscribe()[0]
+		default:
+			woken = w.Wake
 		}
 		// Each waiter ahead is a handoff before this one's turn: the
 		// fallback (for a lost message) need not come sooner.

@@ -182,12 +182,30 @@ func (n *Notifier) Join(channel string, wake chan struct{}) *Watch {
 	return n.JoinAs(channel, "", wake, nil)
 }
 
+// Subscribed reports whether channel has a subscription the server has
+// confirmed, which Join would join.
+func (n *Notifier) Subscribed(channel string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.confirmed(channel) != nil
+}
+
+// confirmed returns channel's topic if the server has confirmed its
+// subscription, else nil; n.mu is held.
+func (n *Notifier) confirmed(channel string) *topic {
+	t := n.topics[channel]
+	if n.closed || t == nil || !t.subscribed || !isClosed(t.ready) {
+		return nil
+	}
+	return t
+}
+
 // JoinAs is Join for a watcher named id (see WatchAs).
 func (n *Notifier) JoinAs(channel, id string, wake chan struct{}, grant chan string) *Watch {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	t := n.topics[channel]
-	if n.closed || t == nil || !t.subscribed || !isClosed(t.ready) {
+	t := n.confirmed(channel)
+	if t == nil {
 		return nil
 	}
 	w := &Watch{n: n, channel: channel, id: id, wake: wake, grant: grant}
