@@ -254,6 +254,10 @@ type request struct {
 	// a few ms farther whose vote decides (review 3, F9).
 	hurry bool
 	do    func(ctx context.Context, i int, c redis.UniversalClient) vote // node i's request
+	// failed, if set, hears of each node whose request ended without an
+	// answer (timed out, cut off, failed), before its done channel closes:
+	// the request may still be executed there, later.
+	failed func(i int)
 }
 
 // ask sends r to the nodes at once and returns their answers in node order
@@ -309,6 +313,9 @@ func (l *Locker) ask(r request) (votes []vote, done []<-chan struct{}) {
 				case errors.Is(ctx.Err(), context.DeadlineExceeded) && r.base.Err() == nil:
 					nd.slow.Store(true)
 				}
+			}
+			if v.err != nil && r.failed != nil {
+				r.failed(i)
 			}
 			answers <- answer{i, v} // buffered: never blocks
 		}()
@@ -485,7 +492,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	// yet a majority, and the waiter must stay first there if the attempt
 	// fails; Release (or the end of the wait) takes the place out.
 	place := strconv.FormatInt(time.Now().UnixMicro(), 10)
-	w := &waiter{l: l, Waiter: waitq.NewWaiter(l.notifiers(), n.Wake+l.id, member), timer: time.NewTimer(time.Hour), sent: make([]<-chan struct{}, len(l.nodes)), unanswered: make([]bool, len(l.nodes))}
+	w := &waiter{l: l, Waiter: waitq.NewWaiter(l.notifiers(), n.Wake+l.id, member), timer: time.NewTimer(time.Hour), sent: make([]<-chan struct{}, len(l.nodes)), unanswered: make([]atomic.Bool, len(l.nodes))}
 	defer w.stop()
 	granted := false
 	defer func() {
@@ -500,14 +507,17 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		owner = waitq.NewOwner()
 		mine := owner // read by requests that outlive the attempt
 		sent := time.Now()
-		votes, done := l.ask(request{ctx: ctx, base: ctx, timeout: l.cfg.NodeTimeout, decided: l.decides, hurry: true, do: func(ctx context.Context, _ int, c redis.UniversalClient) vote {
+		failed := make([]atomic.Bool, len(l.nodes)) // this attempt's unanswered nodes
+		votes, done := l.ask(request{ctx: ctx, base: ctx, timeout: l.cfg.NodeTimeout, decided: l.decides, hurry: true, failed: func(i int) {
+			failed[i].Store(true)
+			w.unanswered[i].Store(true)
+		}, do: func(ctx context.Context, _ int, c redis.UniversalClient) vote {
 			// 't': refused where this owner or member was buried (see
 			// release): the request came after its undo or leave.
 			return acquireVote(scripts.Acquire.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, mine, l.ttl, member, l.life, place, n.Wake, "keep", "", "", "t").Slice())
 		}})
 		for i := range w.sent {
 			w.sent[i] = both(w.sent[i], done[i])
-			w.unanswered[i] = w.unanswered[i] || votes[i].err != nil
 		}
 		elapsed := time.Since(sent)
 		t := count(votes)
@@ -521,7 +531,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			// Our key may be on some nodes (a minority, or a majority
 			// too late, or a reply lost or not waited for): remove it
 			// from them.
-			l.undo(ctx, n, owner, votes, done)
+			l.undo(ctx, n, owner, votes, done, failed)
 		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("acquire %q: %w", key, ctx.Err())
@@ -551,7 +561,9 @@ type waiter struct {
 	// unanswered marks the nodes where an acquire request ended without
 	// an answer: it may still land there, after the request that ends the
 	// wait or the lease, which therefore buries owner and member there.
-	unanswered []bool
+	// Set by the request itself as it ends (request.failed), read by the
+	// requests that go after it (sent).
+	unanswered []atomic.Bool
 	// splits counts the split votes in a row; unreachable the attempts in
 	// a row that no majority of nodes answered. A refused connection is
 	// known at once, but a dead node may also look merely slow (the
@@ -697,15 +709,12 @@ func acquireVote(res []any, err error) vote {
 // (an fsync, a fork) executes the attempt's request when it resumes, so
 // the undo must still come after it (review 3, F6); a node not reached
 // within a TTL keeps the key for one TTL. Where the attempt's request
-// had no answer, it buries the owner (see release): that request may still
-// come after the undo. It wakes nobody: after a split vote the contenders
-// retry by themselves, and a lock held elsewhere is not free.
-func (l *Locker) undo(ctx context.Context, n waitq.Names, owner string, votes []vote, done []<-chan struct{}) {
-	bury := make([]bool, len(votes))
-	for i, v := range votes {
-		bury[i] = v.err != nil
-	}
-	l.release(ctx, context.WithoutCancel(ctx), l.cfg.TTL, done, n, owner, "", false, bury, always,
+// ended without an answer (failed), it buries the owner (see release):
+// that request may still come after the undo. It wakes nobody: after a
+// split vote the contenders retry by themselves, and a lock held elsewhere
+// is not free.
+func (l *Locker) undo(ctx context.Context, n waitq.Names, owner string, votes []vote, done []<-chan struct{}, failed []atomic.Bool) {
+	l.release(ctx, context.WithoutCancel(ctx), l.cfg.TTL, done, n, owner, "", false, buried(failed), always,
 		func(i int) bool { return votes[i].yes || votes[i].err != nil })
 }
 
@@ -716,8 +725,13 @@ func (l *Locker) undo(ctx context.Context, n waitq.Names, owner string, votes []
 // lock is free (the wake-up of the last release may have come to us),
 // burying owner and member where an acquire request of the wait had no
 // answer (unanswered). What it cannot reach expires.
-func (l *Locker) leave(ctx context.Context, n waitq.Names, owner, member string, sent []<-chan struct{}, unanswered []bool) {
-	l.release(ctx, context.WithoutCancel(ctx), l.cfg.TTL, sent, n, owner, member, true, unanswered, always, nil)
+func (l *Locker) leave(ctx context.Context, n waitq.Names, owner, member string, sent []<-chan struct{}, unanswered []atomic.Bool) {
+	l.release(ctx, context.WithoutCancel(ctx), l.cfg.TTL, sent, n, owner, member, true, buried(unanswered), always, nil)
+}
+
+// buried is release's bury for the nodes marked in unanswered.
+func buried(unanswered []atomic.Bool) func(int) bool {
+	return func(i int) bool { return unanswered[i].Load() }
 }
 
 // always decides at once: the requests go on in the background.
@@ -726,21 +740,21 @@ func always(tally) bool { return true }
 // release deletes owner's key from the nodes (all, or those with only(i))
 // where it is still owner's, drops member (if any) from their queues, and
 // if wake, wakes the first waiter of each node where the lock is free. On
-// the nodes i with bury[i] it also leaves a tombstone of owner and member
-// for a TTL, which makes the acquire script refuse them: an acquire
+// the nodes i with bury(i), asked once the request in after has ended
+// there, it also leaves a tombstone of owner and member for a TTL, which makes the acquire script refuse them: an acquire
 // request that had no answer there may land after this one (it ended
 // first as the client saw it, but two connections can be reordered by the
 // network), and would set the key or queue the member again (review 3,
 // F6). It returns once decided (see ask), the requests running on base,
 // each node's after its request in after.
-func (l *Locker) release(ctx, base context.Context, timeout time.Duration, after []<-chan struct{}, n waitq.Names, owner, member string, wake bool, bury []bool, decided func(tally) bool, only func(int) bool) tally {
+func (l *Locker) release(ctx, base context.Context, timeout time.Duration, after []<-chan struct{}, n waitq.Names, owner, member string, wake bool, bury func(int) bool, decided func(tally) bool, only func(int) bool) tally {
 	w := "0"
 	if wake {
 		w = "1"
 	}
 	votes, _ := l.ask(request{ctx: ctx, base: base, timeout: timeout, only: only, after: after, decided: decided, do: func(ctx context.Context, i int, c redis.UniversalClient) vote {
 		args := []any{owner, n.Wake, member, w}
-		if bury != nil && bury[i] {
+		if bury != nil && bury(i) {
 			args = append(args, "", l.ttl, "t")
 		}
 		ok, err := scripts.Release.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, args...).Bool()
@@ -751,7 +765,7 @@ func (l *Locker) release(ctx, base context.Context, timeout time.Duration, after
 
 // grant wraps a granted lock in a lease and starts its watchdog, whose
 // validity runs from sent, when the acquire requests were sent.
-func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner, member string, sent time.Time, acquires []<-chan struct{}, unanswered []bool) (locking.Lease, error) {
+func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner, member string, sent time.Time, acquires []<-chan struct{}, unanswered []atomic.Bool) (locking.Lease, error) {
 	s := &lease{l: l, key: key, names: n, owner: owner, member: member, acquires: acquires, unanswered: unanswered}
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
@@ -813,7 +827,7 @@ type lease struct {
 	acquires []<-chan struct{} // per node, closed once its acquire requests ended
 	// unanswered marks the nodes where an acquire request had no answer:
 	// Release buries owner and member there (see release).
-	unanswered []bool
+	unanswered []atomic.Bool
 	ka         *locking.Keepalive
 	released   atomic.Bool
 }
@@ -865,7 +879,7 @@ func (s *lease) Release(ctx context.Context) error {
 	s.l.forget(s)
 	ctx, cancel := context.WithTimeout(ctx, s.l.cfg.TTL)
 	defer cancel()
-	t := s.l.release(ctx, context.WithoutCancel(ctx), s.l.cfg.TTL, s.acquires, s.names, s.owner, s.member, true, s.unanswered, s.l.confirmed, nil)
+	t := s.l.release(ctx, context.WithoutCancel(ctx), s.l.cfg.TTL, s.acquires, s.names, s.owner, s.member, true, buried(s.unanswered), s.l.confirmed, nil)
 	switch {
 	case t.yes >= s.l.quorum:
 		return nil
