@@ -19,9 +19,18 @@
 // way). A waiter that gives up leaves the queue and, if the lock is free,
 // passes the wake-up on, in one script.
 //
+// With direct handoff (the scripts' 'g' flag; the redis backend, not
+// Redlock) a release does not wake the first live waiter to try: it sets
+// the key to that waiter's owner, counts the fence, takes the waiter out of
+// the queue and sends it the token, and the waiter holds the lock on
+// receipt. Its try, if the message is lost, finds its own owner in the key
+// and takes the lock with the counter's value; if it gave up, its leave
+// deletes the key and hands it on.
+//
 // The wake-up is a message on "<lock>:wake:<locker id>" whose payload names
-// the waiter: one Notifier per Redis server and process subscribes to its
-// Locker's channels and wakes that waiter alone.
+// the waiter ("<member>", or "<member> <token>" for a handoff): one
+// Notifier per Redis server and process subscribes to its Locker's
+// channels and wakes that waiter alone.
 package waitq
 
 import (
