@@ -32,8 +32,9 @@ type Keepalive struct {
 	mu         sync.Mutex
 	stopped    bool
 	validUntil time.Time
-	next       *time.Timer // the next renewal
-	expiry     *time.Timer // closes Lost at validUntil, whatever a renewal is doing
+	period     time.Duration // the validity a renewal gives: the first grant's, then ttl
+	next       *time.Timer   // the next renewal
+	expiry     *time.Timer   // closes Lost at validUntil, whatever a renewal is doing
 }
 
 // RenewFunc extends the lease on the server for another ttl. It returns
@@ -53,7 +54,20 @@ func StartKeepalive(ttl time.Duration, sent time.Time, renew RenewFunc, onFail f
 	return startKeepalive(time.Now, ttl, sent, renew, onFail)
 }
 
+// StartKeepaliveFirst is StartKeepalive for a lease granted for first, less
+// than ttl (redislock's direct handoff sets the key's PX short, so that a
+// waiter that died does not block the key for a whole TTL): it is valid
+// for first from sent and renewed first/3 from now (retried every
+// first/12); each renewal then extends it to ttl.
+func StartKeepaliveFirst(ttl, first time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
+	return startKeepaliveFirst(time.Now, ttl, min(first, ttl), sent, renew, onFail)
+}
+
 func startKeepalive(now func() time.Time, ttl time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
+	return startKeepaliveFirst(now, ttl, ttl, sent, renew, onFail)
+}
+
+func startKeepaliveFirst(now func() time.Time, ttl, first time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &Keepalive{
 		ttl:        ttl,
@@ -63,12 +77,13 @@ func startKeepalive(now func() time.Time, ttl time.Duration, sent time.Time, ren
 		lost:       make(chan struct{}),
 		ctx:        ctx,
 		cancel:     cancel,
-		validUntil: sent.Add(ttl - Drift(ttl)),
+		validUntil: sent.Add(first - Drift(first)),
+		period:     first,
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.expiry = time.AfterFunc(k.validUntil.Sub(now()), k.MarkLost)
-	k.next = time.AfterFunc(ttl/3, k.renewOnce)
+	k.next = time.AfterFunc(first/3, k.renewOnce)
 	return k
 }
 
@@ -146,6 +161,7 @@ func (k *Keepalive) renewOnce() {
 	}
 	if err == nil {
 		k.validUntil = sent.Add(k.ttl - Drift(k.ttl))
+		k.period = k.ttl
 		k.expiry.Reset(k.validUntil.Sub(k.now()))
 		k.next.Reset(k.ttl / 3)
 		return
@@ -158,5 +174,5 @@ func (k *Keepalive) renewOnce() {
 		return
 	}
 	// Transient: try again soon; the expiry timer still bounds us.
-	k.next.Reset(k.ttl / 12)
+	k.next.Reset(k.period / 12)
 }

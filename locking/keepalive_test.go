@@ -154,3 +154,37 @@ func TestKeepaliveNoRenewalAfterLost(t *testing.T) {
 		t.Errorf("%d renewals after the lease was lost", n)
 	}
 }
+
+// A lease granted for first (a redis handoff's short PX) is trusted for
+// first, not the TTL, until a renewal (due first/3 after the grant)
+// extends it to the TTL: a renewal that hangs leaves it lost after about
+// first; one that succeeds keeps it past first.
+func TestKeepaliveFirst(t *testing.T) {
+	const ttl, first = 10 * time.Second, 300 * time.Millisecond
+	unblock := make(chan struct{})
+	start := time.Now()
+	k := StartKeepaliveFirst(ttl, first, start, func(context.Context) error { <-unblock; return nil }, nil)
+	select {
+	case <-k.Lost():
+		if d := time.Since(start); d < first-Drift(first)-10*time.Millisecond {
+			t.Errorf("Lost closed %v after the grant, before its validity (%v)", d, first)
+		}
+	case <-time.After(ttl / 2):
+		t.Error("Lost still open past the first grant's validity: it trusted the TTL")
+	}
+	close(unblock)
+	k.Stop()
+
+	var calls atomic.Int32
+	k = StartKeepaliveFirst(ttl, first, time.Now(), func(context.Context) error { calls.Add(1); return nil }, nil)
+	defer k.Stop()
+	time.Sleep(2 * first)
+	select {
+	case <-k.Lost():
+		t.Fatal("Lost closed although the first renewal extended the lease to the TTL")
+	default:
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d renewals in %v, want 1 (the first, due %v after the grant; then every %v)", n, 2*first, first/3, ttl/3)
+	}
+}

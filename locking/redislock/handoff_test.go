@@ -2,7 +2,7 @@ package redislock_test
 
 import (
 	"context"
-	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,7 +39,7 @@ func newHandoff(t *testing.T, ctx context.Context, addr, key string, ttl time.Du
 		t.Fatal(err)
 	}
 	s := &handoffSetup{admin: admin, n: waitq.NamesOf("lock:", key), ttl: ttl, holder: holder, owner: waitq.NewOwner()}
-	s.member = waitq.Member("0123456789abcdef", s.owner) // a Locker id nobody listens for
+	s.member = waitq.HandoffMember("0123456789abcdef", s.owner, ttl) // a Locker id nobody listens for
 	if granted, _ := s.try(t, ctx); granted {
 		t.Fatal("the raw waiter was granted a held lock")
 	}
@@ -69,8 +69,14 @@ func (s *handoffSetup) fence(t *testing.T, ctx context.Context) uint64 {
 // waitQueued waits until n waiters are queued on the key.
 func (s *handoffSetup) waitQueued(t *testing.T, ctx context.Context, n int64) {
 	t.Helper()
+	waitQueued(t, ctx, s.admin, s.n, n)
+}
+
+// waitQueued waits until n waiters are queued on the lock named n.
+func waitQueued(t *testing.T, ctx context.Context, admin *redis.Client, names waitq.Names, n int64) {
+	t.Helper()
 	for {
-		q, err := s.admin.ZCard(ctx, s.n.Queue).Result()
+		q, err := admin.ZCard(ctx, names.Queue).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,6 +89,26 @@ func (s *handoffSetup) waitQueued(t *testing.T, ctx context.Context, n int64) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// waitListening waits until the head of the lock's queue (a Locker's
+// waiter) listens for its wake-ups and has tried again since (it retries
+// once its subscription is confirmed): a release from then on hands it the
+// lock by message, not through its next try. It returns the head's member.
+func waitListening(t *testing.T, ctx context.Context, admin *redis.Client, names waitq.Names) string {
+	t.Helper()
+	waitQueued(t, ctx, admin, names, 1)
+	member := admin.ZRange(ctx, names.Queue, 0, 0).Val()[0]
+	id, _, _ := strings.Cut(member, ":")
+	first := admin.ZScore(ctx, names.Alive, member).Val()
+	for admin.PubSubNumSub(ctx, names.Wake+id).Val()[names.Wake+id] == 0 || admin.ZScore(ctx, names.Alive, member).Val() == first {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the waiter %s does not listen for its wake-ups", member)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return member
 }
 
 // release hands the lock to the raw waiter and checks that it did: the key
@@ -146,35 +172,64 @@ func TestHandoffMessageLost(t *testing.T) {
 	}
 }
 
-// A lock handed to a waiter that died after its last try (still live in
-// the queue) is nobody else's until its key lapses at the TTL; then the
-// next waiter gets it, with a greater token.
+// A lock handed to a waiter that died or stopped after its last try (its
+// place still live) blocks the key only for the waiter's handoff PX,
+// bounded by its place's life (queueLife, 2 s by default), not for its TTL
+// (review-4 R2: 10 s here before); then the next waiter gets it, with a
+// greater token. The dead waiter is a real Locker whose connections (its
+// tries and its subscription) are cut.
 func TestHandoffToDeadWaiter(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	addr := testbed.Redis(t)
-	const ttl = time.Second
-	s := newHandoff(t, ctx, addr, "dead-waiter", ttl)
+	const ttl = 10 * time.Second
+	life := 2 * (time.Second + 5*time.Millisecond) // the default backoffs' queueLife
+	proxy, err := testbed.StartProxy("redis", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	n := waitq.NamesOf("lock:", "dead-waiter")
+	holder, err := newLocker(t, addr, redislock.Config{TTL: ttl}).Acquire(ctx, "dead-waiter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquireAsync(ctx, newLocker(t, proxy.Addr(), redislock.Config{TTL: ttl}), "dead-waiter")
+	waitQueued(t, ctx, admin, n, 1)
+	head := admin.ZRange(ctx, n.Queue, 0, 0).Val()[0]
 	next := acquireAsync(ctx, newLocker(t, addr, redislock.Config{TTL: ttl}), "dead-waiter")
-	s.waitQueued(t, ctx, 2)
+	waitQueued(t, ctx, admin, n, 2)
+	if err := proxy.Cut(); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
-	token := s.release(t, ctx)
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := admin.Get(ctx, n.Lock).Val(); got == "" || !strings.Contains(head, ":"+got+":") {
+		t.Fatalf("after the release the key holds %q, want the dead waiter's owner (member %s)", got, head)
+	}
+	if pttl := admin.PTTL(ctx, n.Lock).Val(); pttl > life {
+		t.Errorf("the key handed to the dead waiter lives %v, more than its place would (%v)", pttl, life)
+	}
 	select {
 	case lease := <-next:
 		waited := time.Since(start)
 		if lease == nil {
 			t.Fatal("the next waiter's Acquire failed")
 		}
-		if waited < ttl-100*time.Millisecond {
-			t.Errorf("the next waiter got the lock %v after the handoff, before the dead waiter's key lapsed (%v)", waited, ttl)
+		defer lease.Release(ctx)
+		if waited > life+time.Second {
+			t.Errorf("the next waiter got the lock %v after the handoff to the dead waiter, want within its queue life (%v) and a fallback wait", waited, life)
 		}
-		if lease.Token() != token+1 {
-			t.Errorf("the next waiter's token is %d, want %d", lease.Token(), token+1)
+		if lease.Token() != holder.Token()+2 {
+			t.Errorf("the next waiter's token is %d, want %d (the dead waiter's was %d)", lease.Token(), holder.Token()+2, holder.Token()+1)
 		}
-		t.Logf("the next waiter got the lock %v after the handoff to the dead waiter (TTL %v)", waited, ttl)
-		lease.Release(ctx)
-	case <-time.After(5 * ttl):
-		t.Fatalf("the next waiter was not granted within %v of the handoff to a dead waiter", 5*ttl)
+		t.Logf("the next waiter got the lock %v after the handoff to the dead waiter (TTL %v, queue life %v)", waited, ttl, life)
+	case <-time.After(ttl + 5*time.Second):
+		t.Fatalf("the next waiter was not granted within %v of the handoff to a dead waiter", ttl+5*time.Second)
 	}
 }
 
@@ -193,7 +248,7 @@ func TestHandoffToWaiterThatGaveUp(t *testing.T) {
 	// The waiter's undo, as redislock's release does it.
 	start := time.Now()
 	released, err := waitq.Default.Release.Run(ctx, s.admin, []string{s.n.Lock, s.n.Queue, s.n.Alive, s.n.Fence},
-		s.owner, s.n.Wake, s.member, "g", "", strconv.FormatInt(ttl.Milliseconds(), 10)).Bool()
+		s.owner, s.n.Wake, s.member, "g", "").Bool()
 	if err != nil || !released {
 		t.Fatalf("the waiter's undo released %v (%v), want the handed lock released", released, err)
 	}

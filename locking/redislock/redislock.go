@@ -102,6 +102,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -152,10 +153,21 @@ func (c Config) withDefaults() Config {
 }
 
 // queueLife is how long a waiter keeps its place in the queue after its
-// last try: more than the longest fallback wait between two tries, so a
-// live waiter keeps it, and a dead one soon loses it.
+// last try: more than the longest fallback wait between two tries
+// (MaxBackoff, see waitq.Backoff), so a live waiter keeps it, and a dead
+// one soon loses it.
 func (c Config) queueLife() time.Duration {
 	return 2 * (c.MaxBackoff + c.MinBackoff)
+}
+
+// handoff is the PX of a key a release hands to a waiter (direct handoff),
+// until the waiter's first renewal extends it to its TTL: no longer than
+// the waiter's place in the queue would last, so that a waiter that died
+// or stopped blocks the key no longer than it did as the queue's head.
+// A live waiter whose wake-up was lost tries again within MaxBackoff, and
+// finds the key its own.
+func (c Config) handoff() time.Duration {
+	return min(c.TTL, c.queueLife())
 }
 
 // Locker grants leases on keys of one Redis server. It is safe for
@@ -244,7 +256,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	}
 	n := waitq.NamesOf(l.cfg.Prefix, key)
 	owner := waitq.NewOwner()
-	member := waitq.Member(l.id, owner) // our place in the queue
+	member := waitq.HandoffMember(l.id, owner, l.cfg.handoff()) // our place in the queue
 	nt, err := l.notifierFor(ctx, n)
 	if err != nil {
 		return nil, fmt.Errorf("acquire %q: %w", key, err)
@@ -308,7 +320,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			if w != nil {
 				w.Drain() // this grant used up the release we were told of
 			}
-			return l.grant(ctx, key, n, owner, token, sent)
+			return l.grant(ctx, key, n, owner, token, sent, l.cfg.TTL)
 		}
 		woken := (<-chan struct{})(nil)
 		switch {
@@ -335,9 +347,9 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		}
 		select {
 		case <-woken:
-			if token, ok := l.handedOver(w, fence, sent); ok {
+			if token, px, ok := l.handedOver(w, fence, sent); ok {
 				w.Drain()
-				return l.grant(ctx, key, n, owner, token, sent)
+				return l.grant(ctx, key, n, owner, token, sent, px)
 			}
 		case <-timer.C:
 			repick = true
@@ -380,22 +392,26 @@ func (l *Locker) try(ctx context.Context, n waitq.Names, owner, member string) (
 }
 
 // handedOver reports whether a release handed this waiter the lock (direct
-// handoff, release.lua's 'g'), and its token, so that it holds the lock
-// without another round trip. A grant counts only if its token exceeds
-// fence, the counter the last try saw, refused: the grant came after that
-// try ran, so the key's TTL started after sent, which makes sent a
-// conservative start of the lease's validity (a message late by more than
-// a TTL, whose key may have lapsed since, fails this test). A grant heard
-// more than TTL/3 after sent is confirmed by a try instead (it finds its
-// owner in the key, renews it and returns the token): the first renewal
-// comes TTL/3 after the grant, too late for the validity left.
-func (l *Locker) handedOver(w *waitq.Waiter, fence uint64, sent time.Time) (uint64, bool) {
+// handoff, release.lua's 'g'), its token and the PX the key was set to
+// (Config.handoff), so that it holds the lock without another round trip.
+// A grant counts only if its token exceeds fence, the counter the last try
+// saw, refused: the grant came after that try ran, so the key's PX started
+// after sent, which makes sent a conservative start of the lease's
+// validity (a message late by more than the PX, whose key may have lapsed
+// since, fails this test). A grant heard px/3 or more after sent is
+// confirmed by a try instead (it finds its owner in the key, extends it to
+// the TTL and returns the token): the first renewal comes px/3 after the
+// grant, too late for the validity left.
+func (l *Locker) handedOver(w *waitq.Waiter, fence uint64, sent time.Time) (token uint64, px time.Duration, ok bool) {
 	select {
 	case g := <-w.Grant:
-		token, err := strconv.ParseUint(g, 10, 64)
-		return token, err == nil && token > fence && time.Since(sent) < l.cfg.TTL/3
+		t, p, _ := strings.Cut(g, " ")
+		token, err1 := strconv.ParseUint(t, 10, 64)
+		ms, err2 := strconv.ParseInt(p, 10, 64)
+		px = min(time.Duration(ms)*time.Millisecond, l.cfg.handoff())
+		return token, px, err1 == nil && err2 == nil && token > fence && time.Since(sent) < px/3
 	default:
-		return 0, false
+		return 0, 0, false
 	}
 }
 
@@ -424,12 +440,14 @@ func (l *Locker) undo(ctx context.Context, n waitq.Names, owner, member string) 
 // from the queue), then, if the lock is free, hands it to the first live
 // waiter in the queue, waking it with the token.
 func (l *Locker) release(ctx context.Context, n waitq.Names, owner, member string) (bool, error) {
-	return scripts.Release.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, n.Wake, member, "g", l.sharded, l.ttl).Bool()
+	return scripts.Release.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, n.Wake, member, "g", l.sharded).Bool()
 }
 
 // grant wraps a granted lock in a lease and starts its watchdog, whose
-// validity runs from sent, the time the acquire script was sent.
-func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner string, token uint64, sent time.Time) (locking.Lease, error) {
+// validity runs from sent, the time the acquire script was sent, for px,
+// the key's PX (the TTL, or Config.handoff for a lock handed over) until
+// the first renewal extends it to the TTL.
+func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner string, token uint64, sent time.Time, px time.Duration) (locking.Lease, error) {
 	s := &lease{l: l, key: key, names: n, owner: owner, token: token}
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
@@ -441,7 +459,7 @@ func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner str
 		l.undo(ctx, n, owner, "")
 		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
 	}
-	s.ka = locking.StartKeepalive(l.cfg.TTL, sent, s.renew, onFail)
+	s.ka = locking.StartKeepaliveFirst(l.cfg.TTL, px, sent, s.renew, onFail)
 	l.leases[s] = struct{}{}
 	l.mu.Unlock()
 	return s, nil

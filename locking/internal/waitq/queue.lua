@@ -37,7 +37,8 @@ end
 -- with SPUBLISH if sharded is 's' (Redis Cluster: the message stays in the
 -- shard of the lock's slot, which the channel's hash tag shares), else
 -- PUBLISH. The message is the member, then, if grant is given, a space
--- and grant (the token of a lock handed to the member).
+-- and grant (the token of a lock handed to the member, a space and the
+-- key's PX in ms).
 local function wake(prefix, member, sharded, grant)
 	local cmd = 'publish'
 	if sharded == 's' then

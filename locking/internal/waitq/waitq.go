@@ -40,6 +40,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -73,11 +74,12 @@ type Scripts struct {
 	Renew *redis.Script
 	// Release: KEYS lock, queue, alive[, fence]; ARGV owner, wake prefix,
 	// member giving up or '', '1' to wake the first waiter or 'g' to hand
-	// it the lock (direct handoff: needs the fence and the ttl), 's' to
-	// wake with SPUBLISH (else '' or absent), ttl ms, 't' to bury the
-	// owner and the member for ttl: a tombstone that makes a late acquire
-	// of theirs refused (Redlock, whose undo can overtake the acquire it
-	// undoes; else absent). Returns 1 if released.
+	// it the lock (direct handoff: needs the fence; only a HandoffMember
+	// is handed the lock, the others are woken), 's' to wake with
+	// SPUBLISH (else '' or absent), ttl ms, 't' to bury the owner and the
+	// member for ttl: a tombstone that makes a late acquire of theirs
+	// refused (Redlock, whose undo can overtake the acquire it undoes;
+	// else absent). Returns 1 if released.
 	Release *redis.Script
 }
 
@@ -117,6 +119,13 @@ func NamesOf(prefix, key string) Names {
 // (which names the channel), then its own owner value.
 func Member(lockerID, owner string) string { return lockerID + ":" + owner }
 
+// HandoffMember names a waiter that a release may hand the lock to
+// (release.lua's 'g'): Member, then the PX in ms the handed key is set to,
+// which the wake-up repeats after the token ("<member> <token> <px>").
+func HandoffMember(lockerID, owner string, px time.Duration) string {
+	return Member(lockerID, owner) + ":" + strconv.FormatInt(px.Milliseconds(), 10)
+}
+
 // NewOwner returns 16 random bytes in hex: owners never repeat, so an owner
 // check cannot mistake another holder, or another try, for this one.
 func NewOwner() string {
@@ -129,7 +138,8 @@ func NewOwner() string {
 // no wake-up comes: exponential from lo to hi, with jitter (so waiters of
 // several processes do not retry in step), and capped by limit, when the
 // lock is sure to be free or the first waiter's place to expire (negative:
-// unknown).
+// unknown), plus a jitter below lo. It is never more than hi: a waiter's
+// place in the queue outlives hi (its life), whatever lo is.
 func Backoff(lo, hi time.Duration, attempt int, limit time.Duration) time.Duration {
 	d := hi
 	if attempt < 30 {
@@ -137,7 +147,7 @@ func Backoff(lo, hi time.Duration, attempt int, limit time.Duration) time.Durati
 	}
 	d = d/2 + mrand.N(d/2+1)
 	if limit >= 0 && limit < d {
-		d = limit + mrand.N(lo)
+		d = min(d, limit+mrand.N(lo))
 	}
 	return d
 }
