@@ -17,26 +17,32 @@
 // queue kept on the server (locking/internal/waitq): each waiter keeps the
 // place of its first arrival, scored by the server's clock, for as long as
 // it keeps trying. Release, in its script, hands the lock to the first live
-// waiter (direct handoff): it sets the key to that waiter's owner with the
-// TTL, counts the fence, takes the waiter out of the queue and tells it the
-// token in a message naming it on its Locker's channel
-// "lock:{k}:wake:<locker id>". The waiter holds the lock when the message
-// arrives, without another round trip, so a handoff costs the release and
-// one message, where a lock whose waiters retry costs a release and a
-// try; and a newcomer never finds the lock free between the two, so
-// queued waiters are served in order. The lease's validity runs from the
-// send time of the waiter's last try, which the fence counter it returned
-// shows to precede the grant (see handedOver); a message heard more than
-// TTL/3 after that try is confirmed by a try instead. A message that is
-// lost costs nothing but time: the waiter's next try finds its own owner in
-// the key and takes the lock with its token. A waiter that gives up after
-// it was handed the lock releases it (and hands it on) in the script that
-// takes it out of the queue; one that died after its last try (it is live
-// for Config.queueLife after it) keeps the lock until the key lapses at
-// the TTL, as a holder that died would. A release tells exactly one waiter
-// in the whole system, not one per process: on a hot key with 32 processes
-// the other 30 no longer run a try that can only fail. (Redisson's
-// FairLock is fair the same way, but wakes its first waiter to try.)
+// waiter (direct handoff): it sets the key to that waiter's owner, counts
+// the fence, takes the waiter out of the queue and tells it the token in a
+// message naming it on its Locker's channel "lock:{k}:wake:<locker id>".
+// The waiter holds the lock when the message arrives, without another
+// round trip, so a handoff costs the release and one message, where a
+// lock whose waiters retry costs a release and a try; and a newcomer never
+// finds the lock free between the two, so queued waiters are served in
+// order. The handed key's PX is the waiter's own choice, which its queue
+// member carries and the message repeats (Config.handoff: its place's life
+// in the queue, or its TTL if shorter), never the releaser's TTL: Lockers
+// with different TTLs may share a server. The lease's validity runs for
+// that PX from the send time of the waiter's last try, which the fence
+// counter it returned shows to precede the grant (see handedOver), and its
+// first renewal, a third of that PX later, extends the key to the TTL; a
+// message heard a third of the PX or more after that try is confirmed by a
+// try instead. A message that is lost costs nothing but time: the waiter's
+// next try (within MaxBackoff) finds its own owner in the key and takes
+// the lock with its token. A waiter that gives up after it was handed the
+// lock releases it (and hands it on) in the script that takes it out of
+// the queue; one that died or stopped after its last try (it is live for
+// Config.queueLife after it) keeps the key until that PX lapses: for at
+// most its place's life (2 s by default), not for a whole TTL.
+// A release tells exactly one waiter in the whole system, not one per
+// process: on a hot key with 32 processes the other 30 no longer run a try
+// that can only fail. (Redisson's FairLock is fair the same way, but wakes
+// its first waiter to try.)
 //
 // A waiter subscribes to its Locker's channel before it waits, and waits
 // until the server has confirmed the subscription and tries again: a release
@@ -58,10 +64,12 @@
 // queue and, if the lock is free (or was handed to it), hands it to the
 // next waiter, in one script.
 //
-// A replica of an older version (its waiters retry when woken and do not
-// know a key holding their owner) that is handed a lock keeps it until the
-// key lapses: during a rolling upgrade a hot key may stall for a TTL now
-// and then.
+// A waiter of an older version, whose member states no PX, is woken, not
+// handed the lock. A replica of the version before (3ac8054), releasing to
+// a waiter of this one, sets the key to a value nobody owns for its own
+// TTL: during a rolling upgrade from it a hot key may stall for a TTL now
+// and then (never two holders: the waiter takes only a grant that states
+// its PX).
 //
 // # Failure modes
 //
