@@ -23,12 +23,14 @@
 // Redlock) a release does not wake the first live waiter to try: it sets
 // the key to that waiter's owner, counts the fence, takes the waiter out of
 // the queue and sends it the token, and the waiter holds the lock on
-// receipt. Its try, if the message is lost, finds its own owner in the key
-// and takes the lock with the counter's value; if it gave up, its leave
-// deletes the key and hands it on.
+// receipt. The key's PX is the waiter's choice, stated in its member
+// (HandoffMember), not the releaser's TTL; a member that states none is
+// only woken. Its try, if the message is lost, finds its own owner in the
+// key and takes the lock with the counter's value; if it gave up, its
+// leave deletes the key and hands it on.
 //
 // The wake-up is a message on "<lock>:wake:<locker id>" whose payload names
-// the waiter ("<member>", or "<member> <token>" for a handoff): one
+// the waiter ("<member>", or "<member> <token> <px>" for a handoff): one
 // Notifier per Redis server and process subscribes to its Locker's
 // channels and wakes that waiter alone.
 package waitq
