@@ -1,12 +1,15 @@
 package order_test
 
 import (
+	"database/sql"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/locking/local"
 	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
 )
@@ -113,5 +116,69 @@ func TestEpochRefreshedAfterARoundTrip(t *testing.T) {
 			t.Fatalf("the replica of the epoch before: order %d %s 15 s after the round trip, want 201 once its heartbeat read the new epoch", rec.Code, rec.Body)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestSupersededStragglerLeavesTheBalancer is review-5 R5-1: a zookeeper
+// replica frozen past the liveness window (its row lapsed, not removed, so
+// it keeps its older started_at) while the fleet moved to redis comes back
+// and heartbeats again. The redis replicas stay ready and a redis newcomer
+// still starts; the straggler itself is unready, naming the fences'
+// backend. Before, its live row made every redis replica's /readyz 503
+// ("live replica zk1 runs lock=zookeeper ...") and every redis Start
+// ErrMixedSettings, while the straggler, whose writes the fences refuse,
+// stayed ready: a whole-fleet outage for as long as it lived.
+func TestSupersededStragglerLeavesTheBalancer(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	cfg := func(instance, lock string) order.Config {
+		return order.Config{Instance: instance, Lock: lock, Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute}
+	}
+	straggler := f.service(local.New(), cfg("zk1", "zookeeper"))
+	if err := straggler.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Frozen: no heartbeat, its row lapses (an hour old) but stays.
+	if err := straggler.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("mysql", f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "INSERT INTO replicas (instance, `lock`, guard, started_at, heartbeat_at) VALUES ('zk1', 'zookeeper', 'fencing', UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)"); err != nil {
+		t.Fatal(err)
+	}
+
+	l, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	cur := f.service(l, cfg("rd1", "redis"))
+	if err := cur.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cur.Close() })
+	wantCode(t, call(cur.Handler(), http.MethodGet, "/readyz", ""), http.StatusOK, "")
+
+	// The straggler wakes: its heartbeat makes its old row live again.
+	if err := f.store.Heartbeat(ctx, storage.Replica{Instance: "zk1", Lock: "zookeeper", Guard: "fencing"}); err != nil {
+		t.Fatal(err)
+	}
+	if rec := call(cur.Handler(), http.MethodGet, "/readyz", ""); rec.Code != http.StatusOK {
+		t.Errorf("the redis replica once the superseded zookeeper straggler heartbeats: /readyz %d %s; want 200", rec.Code, rec.Body)
+	}
+	newcomer := f.service(l, cfg("rd2", "redis"))
+	if err := newcomer.Start(ctx); err != nil {
+		t.Errorf("a redis newcomer beside the superseded straggler: %v; want it started", err)
+	} else {
+		t.Cleanup(func() { newcomer.Close() })
+	}
+	rec := call(straggler.Handler(), http.MethodGet, "/readyz", "")
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "superseded") {
+		t.Errorf("the straggler: /readyz %d %s; want 503 naming it superseded", rec.Code, rec.Body)
 	}
 }

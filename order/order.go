@@ -97,9 +97,9 @@ type Store interface {
 	Heartbeat(ctx context.Context, r storage.Replica) error
 	RemoveReplica(ctx context.Context, instance string) error
 	LiveReplicas(ctx context.Context, within time.Duration) ([]storage.Replica, error)
-	// AdoptFences and FenceEpoch: see storage.Store.
+	// AdoptFences and Fences: see storage.Store.
 	AdoptFences(ctx context.Context, lock string) (epoch uint64, reset bool, err error)
-	FenceEpoch(ctx context.Context, lock string) (epoch uint64, ok bool, err error)
+	Fences(ctx context.Context) (lock string, epoch uint64, err error)
 }
 
 // Cache is the stock cache of steps 3 and 7 (inventory.Cache).

@@ -95,13 +95,13 @@ func (s *Service) Start(ctx context.Context) error {
 // backend's tokens: the fleet may have left the backend and come back to
 // it (a new epoch) while this replica was frozen. Under another backend's
 // epoch it keeps its own, which the fences refuse: 409 lock_lost, as a
-// lost lease, while /readyz names the mixed settings.
+// lost lease, while /readyz takes it out of the balancer (checkPeers).
 func (s *Service) refreshEpoch(ctx context.Context) {
-	epoch, ok, err := s.store.FenceEpoch(ctx, s.cfg.Lock)
+	lock, epoch, err := s.store.Fences(ctx)
 	switch {
 	case err != nil:
 		s.log.Warn("fence epoch unread", "err", err)
-	case ok && epoch != s.epoch.Swap(epoch):
+	case lock == s.cfg.Lock && epoch != s.epoch.Swap(epoch):
 		s.log.Warn("the fences moved to a new epoch of this replica's backend", "lock", s.cfg.Lock, "epoch", epoch)
 	}
 }
@@ -192,7 +192,10 @@ func (s *Service) probeLock(ctx context.Context) error {
 // before this one: only the newcomer of a mixed pair is unready, so the
 // replicas serving stay in the balancer. Start refuses such a newcomer; this
 // catches what Start could not see (a replica whose heartbeats had lapsed,
-// paused or cut off from MySQL, that comes back).
+// paused or cut off from MySQL, that comes back). It also fails when the
+// fences count in another backend's tokens: the fleet moved to that
+// backend while this replica was away, so its fenced writes are refused
+// and it must restart with the fleet's lock.
 func (s *Service) checkPeers(ctx context.Context) error {
 	mixed, err := s.mixedPeers(ctx, true)
 	if err != nil {
@@ -208,8 +211,20 @@ func (s *Service) checkPeers(ctx context.Context) error {
 // mixedPeers describes the live replicas of this database that run another
 // lock or guard; with olderOnly, only those that started before this one
 // (by started_at, then instance name; a replica whose own row is missing is
-// the newest).
+// the newest). A replica whose lock the fences no longer count in is
+// superseded (its own checkPeers says so): it does not count against the
+// fleet of the fences' backend, or one straggler that comes back would
+// take that whole fleet out of the balancer.
 func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, error) {
+	fences, _, err := s.store.Fences(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var mixed []string
+	if olderOnly && fences != "" && fences != s.cfg.Lock {
+		mixed = append(mixed, fmt.Sprintf("the fences count in lock=%s tokens, this replica runs lock=%s: superseded, restart it with the fleet's lock",
+			fences, s.cfg.Lock))
+	}
 	peers, err := s.store.LiveReplicas(ctx, liveWithin)
 	if err != nil {
 		return nil, err
@@ -220,10 +235,12 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 			self = i
 		}
 	}
-	var mixed []string
 	for i, p := range peers {
 		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard)) {
 			continue
+		}
+		if fences == s.cfg.Lock && p.Lock != fences {
+			continue // superseded
 		}
 		if olderOnly && self >= 0 && !older(p, peers[self]) {
 			continue

@@ -83,29 +83,30 @@ func (s *Store) AdoptFences(ctx context.Context, lock string) (epoch uint64, res
 	return epoch, reset, nil
 }
 
-// FenceEpoch returns the fence epoch of lock when the fences count in
-// lock's tokens now (ok), and never adopts: a replica refreshes with it the
-// epoch it adopted at its start, in case the fleet left its backend and
-// came back to it meanwhile. A replica of another backend than the fences'
-// gets ok false and keeps its epoch, which the fences refuse.
-func (s *Store) FenceEpoch(ctx context.Context, lock string) (epoch uint64, ok bool, err error) {
+// Fences returns the backend whose tokens the fences count in now (meta's
+// fence_lock, "" before any replica adopted them) and their epoch; it never
+// adopts. A replica of that backend refreshes with it the epoch it adopted
+// at its start, in case the fleet left its backend and came back to it
+// meanwhile; a replica of another backend is superseded: the fences refuse
+// its tokens, and it leaves the balancer (order/ready.go).
+func (s *Store) Fences(ctx context.Context) (lock string, epoch uint64, err error) {
 	// One statement: the two rows as of one snapshot.
 	var rows []Meta
 	err = s.db.WithContext(ctx).Raw("SELECT name, value FROM meta WHERE name IN (?, ?)", fenceLockName, fenceEpochName).Scan(&rows).Error
 	if err != nil {
-		return 0, false, err
+		return "", 0, err
 	}
-	var cur, e string
+	var e string
 	for _, r := range rows {
 		if r.Name == fenceLockName {
-			cur = r.Value
+			lock = r.Value
 		} else {
 			e = r.Value
 		}
 	}
-	if cur != lock || e == "" {
-		return 0, false, nil
+	if e == "" {
+		return lock, 0, nil
 	}
 	epoch, err = strconv.ParseUint(e, 10, 64)
-	return epoch, err == nil, err
+	return lock, epoch, err
 }

@@ -59,11 +59,8 @@ func TestAdoptFences(t *testing.T) {
 			t.Errorf("AdoptFences(%q): epoch %d, reset %v, fence (%d, %d); want %d, %v, (%d, %d)",
 				step.lock, epoch, reset, e, tok, step.epoch, step.reset, step.wantEpoch, step.token)
 		}
-		if got, ok, err := s.FenceEpoch(ctx, step.lock); err != nil || !ok || got != step.epoch {
-			t.Errorf("FenceEpoch(%q) after adopting it: %d, %v, %v; want %d", step.lock, got, ok, err, step.epoch)
-		}
-		if _, ok, err := s.FenceEpoch(ctx, "etcd"); err != nil || ok {
-			t.Errorf("FenceEpoch of a backend the fences do not count in: ok %v, %v; want false", ok, err)
+		if lock, got, err := s.Fences(ctx); err != nil || lock != step.lock || got != step.epoch {
+			t.Errorf("Fences after adopting %q: %q, %d, %v; want epoch %d", step.lock, lock, got, err, step.epoch)
 		}
 	}
 	if _, _, err := sweep(ctx, s, again, "zookeeper", 2, 1); err != nil {
