@@ -506,6 +506,9 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lea
 // hold, which registers it, or frees it if Close began, before Close closes
 // the statements (it waits for both in l.background).
 func (l *Locker) grab(ctx context.Context, key, owner string, qc *queueConn) (grabbed, error) {
+	if err := ctx.Err(); err != nil {
+		return grabbed{}, err // a row won now would only be freed again, a turn lost to the next waiter
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
