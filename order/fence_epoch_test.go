@@ -2,6 +2,7 @@ package order_test
 
 import (
 	"database/sql"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -122,9 +123,8 @@ func TestEpochRefreshedAfterARoundTrip(t *testing.T) {
 // TestSupersededStragglerLeavesTheBalancer is review-5 R5-1: a zookeeper
 // replica frozen past the liveness window (its row lapsed, not removed, so
 // it keeps its older started_at) while the fleet moved to redis comes back
-// and heartbeats again. The redis replicas stay ready and a redis newcomer
-// still starts; the straggler itself is unready, naming the fences'
-// backend. Before, its live row made every redis replica's /readyz 503
+// and heartbeats again. The redis replicas stay ready; the straggler
+// itself is unready, naming the fences' backend. Before, its live row made every redis replica's /readyz 503
 // ("live replica zk1 runs lock=zookeeper ...") and every redis Start
 // ErrMixedSettings, while the straggler, whose writes the fences refuse,
 // stayed ready: a whole-fleet outage for as long as it lived.
@@ -171,11 +171,12 @@ func TestSupersededStragglerLeavesTheBalancer(t *testing.T) {
 	if rec := call(cur.Handler(), http.MethodGet, "/readyz", ""); rec.Code != http.StatusOK {
 		t.Errorf("the redis replica once the superseded zookeeper straggler heartbeats: /readyz %d %s; want 200", rec.Code, rec.Body)
 	}
+	// A newcomer still waits for the straggler to go: at its start the
+	// fences may name a lock a rival newcomer is about to replace.
 	newcomer := f.service(l, cfg("rd2", "redis"))
-	if err := newcomer.Start(ctx); err != nil {
-		t.Errorf("a redis newcomer beside the superseded straggler: %v; want it started", err)
-	} else {
-		t.Cleanup(func() { newcomer.Close() })
+	if err := newcomer.Start(ctx); !errors.Is(err, order.ErrMixedSettings) {
+		t.Errorf("a redis newcomer beside the straggler: %v; want ErrMixedSettings", err)
+		newcomer.Close()
 	}
 	rec := call(straggler.Handler(), http.MethodGet, "/readyz", "")
 	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "superseded") {

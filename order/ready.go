@@ -211,10 +211,13 @@ func (s *Service) checkPeers(ctx context.Context) error {
 // mixedPeers describes the live replicas of this database that run another
 // lock or guard; with olderOnly, only those that started before this one
 // (by started_at, then instance name; a replica whose own row is missing is
-// the newest). A replica whose lock the fences no longer count in is
-// superseded (its own checkPeers says so): it does not count against the
-// fleet of the fences' backend, or one straggler that comes back would
-// take that whole fleet out of the balancer.
+// the newest). With olderOnly (/readyz), a replica whose lock the fences
+// no longer count in is superseded (its own checkPeers says so): it does
+// not count against the fleet of the fences' backend, or one straggler that
+// comes back would take that whole fleet out of the balancer. Start still
+// counts it: the fences' backend may be the name a rival newcomer has not
+// yet replaced (two newcomers at once must not both start), so a newcomer
+// waits until the straggler is gone.
 func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, error) {
 	fences, _, err := s.store.Fences(ctx)
 	if err != nil {
@@ -239,7 +242,7 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard)) {
 			continue
 		}
-		if fences == s.cfg.Lock && p.Lock != fences {
+		if olderOnly && fences == s.cfg.Lock && p.Lock != fences {
 			continue // superseded
 		}
 		if olderOnly && self >= 0 && !older(p, peers[self]) {
