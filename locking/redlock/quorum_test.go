@@ -10,6 +10,7 @@ package redlock_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,41 +26,59 @@ import (
 // keeps with one node of three black-holed.
 const minQuorumRatio = 0.8
 
+// quorumAttempts bounds the measurements: the check passes on the first that
+// keeps minQuorumRatio. A stall of this shared machine during a turn can cost
+// one measurement a fifth of its rate (0.79 in CI once), while a Redlock that
+// waits for the black-holed node keeps under 1% in every one.
+const quorumAttempts = 3
+
 // Acquire and Release return on a majority's answer: with one node of three
 // black-holed (requests vanish, nothing comes back), a hot key's handoffs
 // per second stay within 80% of the rate with every node healthy, measured
 // in the same run.
 func TestQuorumKeepsHandoffRate(t *testing.T) {
-	healthy, holed := handoffRates(t, 4, 8)
-	t.Logf("hot-key handoffs/s: %.0f all healthy, %.0f with one node black-holed (ratio %.2f)", healthy, holed, holed/healthy)
-	if holed < minQuorumRatio*healthy {
-		t.Errorf("with one node of three black-holed, %.0f handoffs/s, below %.0f%% of the %.0f/s with every node healthy: Redlock waits for the minority",
-			holed, 100*minQuorumRatio, healthy)
+	if ratio, kept := quorumKept(t, 4, 8); !kept {
+		t.Errorf("with one node of three black-holed, at best %.2f of the handoffs/s with every node healthy in %d measurements, below %.2f: Redlock waits for the minority",
+			ratio, quorumAttempts, minQuorumRatio)
 	}
 }
 
 // The check above fails a Redlock that waits for every node (each request
-// then waits out the per-node timeout on the black-holed node).
+// then waits out the per-node timeout on the black-holed node), in every
+// measurement.
 func TestQuorumCheckCatchesWaitingForAll(t *testing.T) {
 	redlock.WaitForAll(t)
-	healthy, holed := handoffRates(t, 2, 1) // each release waits a TTL: keep it short
-	t.Logf("waiting for every node: hot-key handoffs/s: %.0f all healthy, %.0f with one node black-holed (ratio %.2f)", healthy, holed, holed/healthy)
-	if holed >= minQuorumRatio*healthy {
-		t.Errorf("a Redlock that waits for every node kept %.0f of %.0f handoffs/s with one node black-holed: the quorum check cannot fail", holed, healthy)
+	if ratio, kept := quorumKept(t, 2, 1); kept { // each release waits a TTL: keep it short
+		t.Errorf("a Redlock that waits for every node kept %.2f of the handoffs/s with one node black-holed: the quorum check cannot fail", ratio)
 	}
 }
 
-// handoffRates measures the handoffs per second of one hot key among n
-// Lockers, with every node healthy and with node 0 black-holed: two groups
-// of Lockers, each reaching the same three servers through its own
-// proxies, take turns (so that both see the same load on the machine), for
-// the given number of rounds after a warm-up.
-func handoffRates(t *testing.T, n, rounds int) (healthy, holed float64) {
+// quorumKept measures, up to quorumAttempts times, the hot-key handoff rate
+// with one node black-holed as a share of the rate with every node healthy
+// (the median of the per-round shares), and says whether one measurement
+// kept minQuorumRatio; ratio is the best share measured.
+func quorumKept(t *testing.T, n, rounds int) (ratio float64, kept bool) {
+	groups := quorumGroups(t, n)
+	for attempt := 1; attempt <= quorumAttempts; attempt++ {
+		healthy, holed, share := handoffRates(t, groups, rounds)
+		t.Logf("measurement %d: hot-key handoffs/s: %.0f all healthy, %.0f with one node black-holed (median share of %d rounds %.2f)",
+			attempt, healthy, holed, rounds, share)
+		ratio = max(ratio, share)
+		if share >= minQuorumRatio {
+			return ratio, true
+		}
+	}
+	return ratio, false
+}
+
+// quorumGroups makes two groups of n Lockers, each reaching the same three
+// servers through its own proxies, node 0 black-holed for group 1.
+func quorumGroups(t *testing.T, n int) [2][]*redlock.Locker {
 	addrs := testbed.Redises(t, 3)
 	// A per-node timeout well above the stalls of a loaded machine: a
 	// healthy node that misses it looks down.
 	cfg := redlock.Config{TTL: 2 * time.Second, NodeTimeout: 300 * time.Millisecond}
-	groups := make([][]*redlock.Locker, 2)
+	var groups [2][]*redlock.Locker
 	for g := range groups {
 		paths, proxies := proxied(t, addrs)
 		if g == 1 {
@@ -71,20 +90,36 @@ func handoffRates(t *testing.T, n, rounds int) (healthy, holed float64) {
 			groups[g] = append(groups[g], proxiedLocker(t, paths, cfg))
 		}
 	}
-	const turn = 200 * time.Millisecond
 	for g, lockers := range groups { // dials and subscriptions, not counted
 		hotKey(t, lockers, fmt.Sprintf("hot-%d", g), turn)
 	}
-	var rates [2]float64
+	return groups
+}
+
+// turn is how long one group drives its hot key in a round.
+const turn = 200 * time.Millisecond
+
+// handoffRates measures the handoffs per second of one hot key per group,
+// the groups taking turns (so that both see the same load on the machine)
+// for the given number of rounds: the mean rates, and the median over the
+// rounds of the black-holed group's rate as a share of the healthy one's
+// in the same round.
+func handoffRates(t *testing.T, groups [2][]*redlock.Locker, rounds int) (healthy, holed, share float64) {
+	shares := make([]float64, 0, rounds)
 	for range rounds {
+		var rates [2]float64
 		for g, lockers := range groups {
-			rates[g] += hotKey(t, lockers, fmt.Sprintf("hot-%d", g), turn) / float64(rounds)
+			rates[g] = hotKey(t, lockers, fmt.Sprintf("hot-%d", g), turn)
 		}
+		if rates[0] == 0 {
+			t.Fatal("no handoff at all with every node healthy")
+		}
+		healthy += rates[0] / float64(rounds)
+		holed += rates[1] / float64(rounds)
+		shares = append(shares, rates[1]/rates[0])
 	}
-	if rates[0] == 0 {
-		t.Fatal("no handoff at all with every node healthy")
-	}
-	return rates[0], rates[1]
+	slices.Sort(shares)
+	return healthy, holed, shares[len(shares)/2]
 }
 
 // hotKey has each Locker acquire and release key in a loop, starting no new
