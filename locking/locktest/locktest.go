@@ -537,18 +537,21 @@ func cancelledWaiterMidQueue(t *testing.T, b Backend, key string) {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		cancels[i] = cancel
 		defer cancel()
+		queued := queueGrows(t, b, key)
 		go func() {
 			lease, err := lockers[i+1].Acquire(ctx, key)
 			results[i] <- result{lease, err}
 		}()
-		time.Sleep(200 * time.Millisecond) // queue in this order
+		queued() // in this order: a fixed sleep let a waiter slow to start on a loaded machine queue behind the next
 	}
 	cancels[1]()
 	if r := <-results[1]; r.err == nil {
 		release(t, r.lease)
 		t.Fatal("the cancelled waiter acquired the held lock")
 	}
-	const prompt = 2 * time.Second // far below a fallback timer's minute
+	// Far below the waiters' ctx (a minute) and fallback timers (off, or
+	// 10 minutes), far above a wake-up's milliseconds on a loaded machine.
+	const prompt = 5 * time.Second
 	next := held
 	for _, i := range []int{0, 2} {
 		release(t, next)
@@ -564,6 +567,34 @@ func cancelledWaiterMidQueue(t *testing.T, b Backend, key string) {
 		}
 	}
 	release(t, next)
+}
+
+// queueGrows reads what the server holds for key and returns a wait for
+// that to grow: a waiter started meanwhile has queued. Without Leftovers it
+// sleeps 200 ms instead.
+func queueGrows(t *testing.T, b Backend, key string) func() {
+	t.Helper()
+	if b.Leftovers == nil {
+		return func() { time.Sleep(200 * time.Millisecond) }
+	}
+	count := func() int {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		n, err := b.Leftovers(ctx, key)
+		if err != nil {
+			t.Fatalf("count leftovers: %v", err)
+		}
+		return n
+	}
+	before := count()
+	return func() {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); count() <= before; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the key's objects still %d 10s after a waiter started: it did not queue", before)
+			}
+		}
+	}
 }
 
 func killedHolderFrees(t *testing.T, b Backend, key string) {
