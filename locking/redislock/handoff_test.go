@@ -221,8 +221,10 @@ func TestHandoffToDeadWaiter(t *testing.T) {
 			t.Fatal("the next waiter's Acquire failed")
 		}
 		defer lease.Release(ctx)
-		if waited > life+time.Second {
-			t.Errorf("the next waiter got the lock %v after the handoff to the dead waiter, want within its queue life (%v) and a fallback wait", waited, life)
+		// About life (2.01-2.12 s measured at load 20-30); a key that
+		// lives for the TTL frees at 10 s: half the TTL parts them.
+		if waited > ttl/2 {
+			t.Errorf("the next waiter got the lock %v after the handoff to the dead waiter, want about its queue life (%v), well before the TTL (%v)", waited, life, ttl)
 		}
 		if lease.Token() != holder.Token()+2 {
 			t.Errorf("the next waiter's token is %d, want %d (the dead waiter's was %d)", lease.Token(), holder.Token()+2, holder.Token()+1)
