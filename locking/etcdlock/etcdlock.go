@@ -6,16 +6,18 @@
 //
 // A Locker keeps one session: an etcd lease that it renews itself. Acquire
 // puts a key <Prefix>/<key>/<lease hex>-<n hex> bound to that lease, where
-// n is the lowest number not in use by another acquisition of the session
-// on that key, so two goroutines on one Locker never share a key
+// n is a number not in use by another acquisition of the session on that
+// key, so two goroutines on one Locker never share a key
 // (concurrency's Mutex keeps one key per session, which makes them share
 // the lock). A number is used again once its key is known deleted and no
 // request of ours on it is in flight: a hot key's turns reuse one name, as
 // the Mutex does, where a new name per turn left etcd's index a deleted
-// entry per turn to walk at every look at the queue until compaction. The key with the lowest create
-// revision under <Prefix>/<key>/ holds the lock; any other waits for the
-// deletion of the last key created before its own, so a release wakes one
-// waiter (no herd). The uncontended path is one transaction: put our key
+// entry per turn to walk at every look at the queue until compaction. A
+// key with no acquisition of the session under way is forgotten; one that
+// retired a number starts its next numbers above it (floorBuckets). The
+// key with the lowest create revision under <Prefix>/<key>/ holds the lock;
+// any other waits for the deletion of the last key created before its own,
+// so a release wakes one waiter (no herd). The uncontended path is one transaction: put our key
 // and read the first key in the queue. A waiter's watch starts at the
 // current revision and is then checked against the key: etcd serves a watch
 // that starts in the past only every 100 ms, which would slow each handoff
@@ -96,6 +98,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"net/url"
 	"slices"
@@ -177,9 +180,22 @@ type session struct {
 	ctx    context.Context // done once the session is lost or closed
 	cancel context.CancelFunc
 
-	mu    sync.Mutex
-	names map[string]*names // by queue prefix, while in use or retired
+	mu     sync.Mutex
+	names  map[string]*names // by queue prefix, while some number is handed out
+	floors [floorBuckets]uint64
+	seed   maphash.Seed
 }
+
+// floorBuckets is how many floors a session keeps. floors[b] is above
+// every number retired on a forgotten prefix that hashes to b, and a new
+// prefix's numbers start there: an idle prefix is forgotten, so memory
+// follows the keys in use (one cancelled Acquire on each of many keys
+// kept an entry per key for the session's life), and a retired number
+// still never comes back. One floor for the session would move every
+// key's next name at each retirement anywhere, so a hot key that goes idle
+// between turns would take a new name after each timed-out Acquire on any
+// key; with 256, only after one on a key in its bucket.
+const floorBuckets = 256
 
 // names numbers a session's queue keys under one prefix: <lease>-<n>. A
 // number goes back to free once its key is known deleted with no request
@@ -190,9 +206,15 @@ type session struct {
 // where a reused name is one entry. A number whose key may still be
 // written by a request we gave up on is retired for the session's life.
 type names struct {
-	next   uint64   // never handed out yet from here on
-	free   []uint64 // known deleted, nothing in flight
-	active int      // handed out, not yet returned
+	next    uint64   // never handed out yet from here on
+	free    []uint64 // known deleted, nothing in flight
+	active  int      // handed out, not yet returned
+	retired bool     // some number below next is retired
+}
+
+// floor returns pfx's bucket in s.floors.
+func (s *session) floor(pfx string) *uint64 {
+	return &s.floors[maphash.String(s.seed, pfx)%floorBuckets]
 }
 
 // take returns the number of a new queue key under pfx.
@@ -201,7 +223,7 @@ func (s *session) take(pfx string) uint64 {
 	defer s.mu.Unlock()
 	ns := s.names[pfx]
 	if ns == nil {
-		ns = &names{}
+		ns = &names{next: *s.floor(pfx)}
 		s.names[pfx] = ns
 	}
 	ns.active++
@@ -216,8 +238,9 @@ func (s *session) take(pfx string) uint64 {
 
 // give returns number n under pfx: free for reuse when reuse is set (its
 // key is known deleted and no request of ours on it is in flight), else
-// retired. A prefix with nothing handed out and nothing retired is
-// forgotten, so a Locker's memory follows the keys in use.
+// retired. A prefix with nothing handed out is forgotten, its free numbers
+// with it; if it retired one, its floor first rises to its next, so the
+// prefix's numbers start above every number it ever handed out.
 func (s *session) give(pfx string, n uint64, reuse bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -225,10 +248,17 @@ func (s *session) give(pfx string, n uint64, reuse bool) {
 	ns.active--
 	if reuse {
 		ns.free = append(ns.free, n)
+	} else {
+		ns.retired = true
 	}
-	if ns.active == 0 && uint64(len(ns.free)) == ns.next {
-		delete(s.names, pfx)
+	if ns.active > 0 {
+		return
 	}
+	if ns.retired {
+		f := s.floor(pfx)
+		*f = max(*f, ns.next)
+	}
+	delete(s.names, pfx)
 }
 
 // alive reports whether the session can still be trusted.
@@ -373,7 +403,7 @@ func (l *Locker) session(ctx context.Context) (*session, error) {
 		}
 		return nil, fmt.Errorf("%w: grant lease: %w", locking.ErrUnavailable, err)
 	}
-	s := &session{id: resp.ID, ttl: time.Duration(resp.TTL) * time.Second, names: map[string]*names{}}
+	s := &session{id: resp.ID, ttl: time.Duration(resp.TTL) * time.Second, names: map[string]*names{}, seed: maphash.MakeSeed()}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	var onFail func(error)
 	if f := l.cfg.OnRenewalFailed; f != nil {
@@ -442,7 +472,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	if key == "" {
 		return nil, errors.New(`acquire "": empty key`)
 	}
-	pfx := l.cfg.Prefix + "/" + url.PathEscape(key) + "/"
+	pfx := l.queue(key)
 	var err error
 	for range tries {
 		var s *lease
@@ -454,6 +484,11 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		}
 	}
 	return nil, locking.AcquireError(ctx, key, err)
+}
+
+// queue is the prefix of key's queue.
+func (l *Locker) queue(key string) string {
+	return l.cfg.Prefix + "/" + url.PathEscape(key) + "/"
 }
 
 func (l *Locker) acquire(ctx context.Context, key, pfx string) (*lease, error) {

@@ -28,3 +28,23 @@ const CloseTimeout = closeTimeout
 // BeforeWatch makes l call f when a waiter has found its predecessor and
 // is about to watch it.
 func BeforeWatch(l *Locker, f func()) { l.beforeWatch = f }
+
+// NameEntries counts the queue prefixes whose names l's current session
+// keeps.
+func NameEntries(l *Locker) int {
+	l.mu.Lock()
+	s := l.sess
+	l.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.names)
+}
+
+// SameFloor reports whether keys a and b share a floor in l's current
+// session.
+func SameFloor(l *Locker, a, b string) bool {
+	l.mu.Lock()
+	s := l.sess
+	l.mu.Unlock()
+	return s.floor(l.queue(a)) == s.floor(l.queue(b))
+}

@@ -2,6 +2,9 @@ package etcdlock_test
 
 import (
 	"context"
+	"fmt"
+	"net/url"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -107,6 +110,162 @@ func TestUnansweredReleaseRetiresName(t *testing.T) {
 	defer again.Release(t.Context())
 	if after := names(t, endpoints, key); len(after) != 1 || after[0] == before[0] {
 		t.Errorf("queue %v after an unanswered release of %v: want a new name", after, before)
+	}
+}
+
+// A key whose every acquisition ended is forgotten, even one that retired
+// names (a cancelled Acquire always does, a Release whose answer was lost
+// too), so a Locker's memory follows the keys in use; and once forgotten,
+// a key still never gets a retired name back: its numbers start above
+// every number it handed out (a name retired while its delete may still
+// land would free the lock under the next holder of that name).
+func TestForgottenKeyKeepsNamesRetired(t *testing.T) {
+	endpoints := testbed.Etcd(t)
+	l := newLocker(t, endpoints)
+	key := testbed.Prefix(t) + "/sku"
+	holder, err := l.Acquire(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	waited := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, key)
+		if lease != nil {
+			lease.Release(t.Context())
+		}
+		waited <- err
+	}()
+	waitFor(t, func() bool { return len(names(t, endpoints, key)) == 2 })
+	retired := names(t, endpoints, key) // the holder's, the waiter's
+	cancel()
+	if err := <-waited; err == nil {
+		t.Fatal("a cancelled waiter was granted beside the holder")
+	}
+	if err := holder.Release(ctx); err == nil {
+		t.Fatal("Release with a cancelled ctx reported success")
+	}
+	waitFor(t, func() bool { return len(names(t, endpoints, key)) == 0 }) // the background deletes
+	if n := etcdlock.NameEntries(l); n != 0 {
+		t.Errorf("an idle key with retired names: the session keeps %d entries, want 0", n)
+	}
+
+	again, err := l.Acquire(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := names(t, endpoints, key)[0]
+	if slices.Contains(retired, name) {
+		t.Errorf("the forgotten key handed out %s again, retired with %v", name, retired)
+	}
+	if err := again.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// A clean turn leaves nothing retired: the next turn reuses its name.
+	last, err := l.Acquire(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer last.Release(t.Context())
+	if reused := names(t, endpoints, key)[0]; reused != name {
+		t.Errorf("the turn after a clean release of %s took %s, want the same name", name, reused)
+	}
+}
+
+// A name retired on one key does not move the names of a hot key in
+// another floor bucket: its turns, idle in between, keep reusing one name.
+func TestRetiredNameLeavesOtherKeysNames(t *testing.T) {
+	endpoints := testbed.Etcd(t)
+	l := newLocker(t, endpoints)
+	hot, cold := testbed.Prefix(t)+"/hot", ""
+	for i := 0; cold == "" && i < 100; i++ {
+		if k := fmt.Sprint(testbed.Prefix(t), "/cold", i); !etcdlock.SameFloor(l, hot, k) {
+			cold = k
+		}
+	}
+	if cold == "" {
+		t.Fatal("100 keys share the hot key's floor")
+	}
+	turn := func(key string, ctx context.Context) string {
+		t.Helper()
+		lease, err := l.Acquire(t.Context(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := names(t, endpoints, key)[0]
+		if err := lease.Release(ctx); (err == nil) != (ctx.Err() == nil) {
+			t.Fatalf("Release: %v with ctx %v", err, ctx.Err())
+		}
+		return name
+	}
+	cancelled, cancel := context.WithCancel(t.Context())
+	cancel()
+	first := turn(hot, t.Context())
+	turn(cold, cancelled) // retires the cold key's name
+	if again := turn(hot, t.Context()); again != first {
+		t.Errorf("the hot key's turn after a retirement on another key took %s, want %s", again, first)
+	}
+}
+
+// Many keys, each with a cancelled waiter and a Release that did not
+// answer: none keeps an entry in the session once its key is idle.
+func TestIdleKeysLeaveNoNames(t *testing.T) {
+	const keys = 50
+	endpoints := testbed.Etcd(t)
+	l, other := newLocker(t, endpoints), newLocker(t, endpoints)
+	base := testbed.Prefix(t) + "/k"
+	queued := func() int64 {
+		var n int64
+		err := withClient(endpoints, func(c *clientv3.Client) error {
+			resp, err := c.Get(t.Context(), etcdlock.DefaultPrefix+"/"+url.PathEscape(base), clientv3.WithPrefix(), clientv3.WithCountOnly())
+			if err == nil {
+				n = resp.Count
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var held []locking.Lease
+	for i := range keys {
+		lease, err := other.Acquire(t.Context(), fmt.Sprint(base, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, lease)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Go(func() {
+			if lease, err := l.Acquire(ctx, fmt.Sprint(base, i)); err == nil {
+				t.Errorf("key %d: a cancelled waiter was granted beside the holder", i)
+				lease.Release(t.Context())
+			}
+		})
+	}
+	waitFor(t, func() bool { return queued() == 2*keys })
+	cancel()
+	wg.Wait()
+	for _, lease := range held {
+		if err := lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range keys {
+		lease, err := l.Acquire(t.Context(), fmt.Sprint(base, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err == nil {
+			t.Fatal("Release with a cancelled ctx reported success")
+		}
+	}
+	waitFor(t, func() bool { return queued() == 0 }) // the background deletes
+	if n := etcdlock.NameEntries(l); n != 0 {
+		t.Errorf("%d idle keys with retired names: the session keeps %d entries, want 0", keys, n)
 	}
 }
 
