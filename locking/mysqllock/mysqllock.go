@@ -93,10 +93,11 @@
 //     or DELETE FROM oversold_lock_boot, before promoting it again, or its
 //     old epoch's tokens, below the ones granted meanwhile, fail the fence.
 //   - A wait ended by its context returns at once and leaves nothing
-//     behind. The grab statement is never abandoned halfway (an abandoned
-//     INSERT can still land on the server after the client gave up): a
-//     cancelled Acquire first lets it finish (one round trip; at most TTL/3
-//     on a server that stopped answering), and a row it won is deleted.
+//     behind, unless a grab is in flight. The grab statement is never
+//     abandoned halfway (an abandoned INSERT can still land on the server
+//     after the client gave up): a cancelled Acquire first lets it finish,
+//     and deletes a row it won or may have won (one or two round trips; at
+//     most 2·TTL/3 on a server that stopped answering).
 //     Every statement is bounded by TTL/3; only a grab that times out can
 //     land later still, and nobody renews it, so it frees within TTL like a
 //     dead holder's.
