@@ -54,7 +54,10 @@
 // Redis 7), which stays within the shard of the lock's slot (its master
 // and replicas) instead of going to every node over the cluster bus, and
 // the Locker keeps one SSUBSCRIBE connection per master it has locked keys
-// on (TestClusterPubSubFanout counts the bus messages per node). A waiter also keeps a fallback timer, a jittered
+// on (TestClusterPubSubFanout counts the bus messages per node); a wait
+// whose master stops serving the slot (a migration: the master pushes
+// sunsubscribe; a stale slot map: SSUBSCRIBE is answered MOVED) moves to
+// the master that serves it now. A waiter also keeps a fallback timer, a jittered
 // exponential backoff (Config.MinBackoff to MaxBackoff) capped by the
 // holder's remaining TTL (or the first waiter's liveness, when the lock is
 // free), which the failed try returned: a holder that died is replaced as
@@ -238,6 +241,39 @@ func (l *Locker) notifierFor(ctx context.Context, n waitq.Names) (*waitq.Notifie
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
 	}
+	return l.shard(master)
+}
+
+// notifierAfterMove is notifierFor once the node of a wait said that it no
+// longer serves the lock's slot (waitq.Watch.Moved): a slot migration, or
+// a stale slot map. It reloads go-redis's slot map first (ForEachMaster
+// does, before it runs), and prefers the master that the node named in its
+// MOVED reply (addr, if any): a map read from a node that has not heard of
+// the migration yet may still name the old one.
+func (l *Locker) notifierAfterMove(ctx context.Context, n waitq.Names, addr string) (*waitq.Notifier, error) {
+	if l.notifier != nil {
+		return l.notifier, nil
+	}
+	cc := l.client.(*redis.ClusterClient)
+	var named atomic.Pointer[redis.Client]
+	err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		if addr != "" && c.Options().Addr == addr {
+			named.Store(c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
+	}
+	if master := named.Load(); master != nil {
+		return l.shard(master)
+	}
+	return l.notifierFor(ctx, n)
+}
+
+// shard returns the Notifier of a master's node client, made at its first
+// use or when the one before ended with its client.
+func (l *Locker) shard(master *redis.Client) (*waitq.Notifier, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -288,7 +324,8 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			timer.Stop()
 		}
 	}()
-	repick := false // the last wait ended with no wake-up
+	repick := false             // the last wait ended with no wake-up
+	moved, movedTo := false, "" // the last wait's node no longer serves the slot
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			if attempt > 0 { // queued by the last try, or handed the lock
@@ -296,23 +333,39 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			}
 			return nil, fmt.Errorf("acquire %q: %w", key, err)
 		}
-		if repick || nt.Closed() {
+		if repick || moved || nt.Closed() {
 			// On a Cluster the slot may have moved to another master, or
 			// the Notifier ended with its node client: listen where the
 			// wake-ups are published now, before the try.
-			next, err := l.notifierFor(ctx, n)
+			var next *waitq.Notifier
+			var err error
+			if moved {
+				next, err = l.notifierAfterMove(ctx, n, movedTo)
+			} else {
+				next, err = l.notifierFor(ctx, n)
+			}
 			if err != nil {
 				l.undo(ctx, n, owner, member)
 				return nil, fmt.Errorf("acquire %q: %w", key, err)
 			}
-			if next != nt {
+			// A watch that moved has ended: watch again, on the same
+			// node too (after a sunsubscribe push, which names no node,
+			// it answers the new SSUBSCRIBE with the one that serves the
+			// slot, unless it serves it again). But when the node named
+			// by a MOVED is not a master in the slot map, which still
+			// names this one, the fallback timer paces the next attempt.
+			again := false
+			if w != nil {
+				again, _ = w.Moved()
+			}
+			if next != nt || again && !(moved && movedTo != "") {
 				if w != nil {
 					w.Stop()
 				}
 				nt = next
 				w = waitq.NewWaiter([]*waitq.Notifier{nt}, channel, member)
 			}
-			repick = false
+			repick, moved = false, false
 		}
 		sent := time.Now()
 		token, wait, fence, ahead, err := l.try(ctx, n, owner, member)
@@ -359,6 +412,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 				w.Drain()
 				return l.grant(ctx, key, n, owner, token, sent, px)
 			}
+			moved, movedTo = w.Moved()
 		case <-timer.C:
 			repick = true
 		case <-ctx.Done():

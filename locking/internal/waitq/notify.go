@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -91,6 +92,8 @@ type Watch struct {
 	wake    chan struct{}
 	grant   chan string // hears what follows id in the message, if anything; may be nil
 	ready   chan struct{}
+	moved   bool   // the node no longer serves the channel's slot (n.mu)
+	movedTo string // the node that serves it, if the server said (MOVED)
 }
 
 // NewNotifier returns a Notifier over client. It connects at the first Watch.
@@ -224,6 +227,15 @@ func (t *topic) add(w *Watch) {
 
 // Ready is closed once the subscription is confirmed by the server.
 func (w *Watch) Ready() <-chan struct{} { return w.ready }
+
+// Moved tells whether the watch ended because its node no longer serves
+// the channel's Cluster slot (see Notifier.leave), and the address of the
+// node that does, if the server named it.
+func (w *Watch) Moved() (moved bool, addr string) {
+	w.n.mu.Lock()
+	defer w.n.mu.Unlock()
+	return w.moved, w.movedTo
+}
 
 // Stop ends the watch; the channel is unsubscribed a while (linger) after
 // its last watcher left. A wake-up the watcher did not consume passes to
@@ -394,6 +406,8 @@ func (n *Notifier) receive() {
 			cancel()
 		case errors.Is(err, redis.ErrClosed):
 			n.clientClosed(ps) // the loop ends at the top, closed
+		case n.sharded && n.movedReply(err):
+			pinged, failures = false, 0 // an answer: the connection is fine
 		default:
 			// Broken, or silent even after a ping. Back off from
 			// the second failure in a row: the server may be down.
@@ -445,6 +459,58 @@ func (n *Notifier) restart(old *redis.PubSub) {
 	}
 }
 
+// movedReply handles err if it is a MOVED reply, to an SSUBSCRIBE or
+// SUNSUBSCRIBE of ours: the node does not serve that slot (it migrated, or
+// the slot map that chose this node was stale). Every channel of the slot
+// leaves the Notifier, whose connection is fine and stays; restarting it
+// would be refused again, in a loop, for as long as the channel is
+// watched.
+func (n *Notifier) movedReply(err error) bool {
+	addr, ok := redis.IsMovedError(err)
+	if !ok {
+		return false
+	}
+	f := strings.Fields(err.Error()) // MOVED <slot> <host:port>
+	if len(f) != 3 {
+		return false
+	}
+	s, perr := strconv.Atoi(f[1])
+	if perr != nil {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for ch, t := range n.topics {
+		if slot(ch) == s {
+			n.leave(ch, t, addr)
+		}
+	}
+	return true
+}
+
+// leave ends channel's topic because the node no longer serves its slot;
+// n.mu is held. Its watchers are woken and see Moved, and their Ready
+// channels close: they must watch on the node that serves the slot now
+// (addr, if the server named it). A later Watch here subscribes afresh.
+func (n *Notifier) leave(channel string, t *topic, addr string) {
+	if t.idle != nil {
+		t.idle.Stop()
+	}
+	delete(n.topics, channel)
+	for _, w := range t.watches {
+		w.moved, w.movedTo = true, addr
+	}
+	closeOnce(t.ready)
+	t.wakeAll()
+}
+
+// awaitsUnsubscribe tells whether the oldest unconfirmed command of t is an
+// UNSUBSCRIBE: the commands alternate, the last one sent being SUBSCRIBE
+// if and only if t is subscribed.
+func (t *topic) awaitsUnsubscribe() bool {
+	return t.inflight > 0 && (t.inflight%2 == 1) != t.subscribed
+}
+
 func (n *Notifier) dispatch(msg any) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -456,6 +522,13 @@ func (n *Notifier) dispatch(msg any) {
 	case *redis.Subscription:
 		t := n.topics[m.Channel]
 		if t == nil {
+			return
+		}
+		if n.sharded && m.Kind == "sunsubscribe" && !t.awaitsUnsubscribe() {
+			// Not an answer to us: Redis 7 pushes it to every
+			// subscriber of a slot the node stops serving (the slot
+			// migrated away). The server dropped the subscription.
+			n.leave(m.Channel, t, "")
 			return
 		}
 		if t.inflight > 0 {

@@ -52,6 +52,20 @@ func (w *Waiter) Subscribe() []<-chan struct{} {
 	return ready
 }
 
+// Moved tells whether a node stopped serving the channel's Cluster slot
+// during the wait (Watch.Moved): the waiter must watch on the node that
+// serves it now, addr if the server named it.
+func (w *Waiter) Moved() (moved bool, addr string) {
+	for _, watch := range w.watches {
+		if watch != nil {
+			if moved, addr = watch.Moved(); moved {
+				return moved, addr
+			}
+		}
+	}
+	return false, ""
+}
+
 // Drain drops the pending wake-ups: the next try sees every release told so
 // far, and a grant uses it up (Stop would pass it on to another watcher).
 func (w *Waiter) Drain() {

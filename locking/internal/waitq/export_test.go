@@ -1,0 +1,4 @@
+package waitq
+
+// Slot is slot, for the tests.
+var Slot = slot

@@ -1,0 +1,80 @@
+package redislock_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oversold-lab/oversold/internal/redisconn"
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/redislock"
+)
+
+// A wait whose slot map is stale (the slot migrated since the client last
+// loaded it) subscribes on the old master, which answers MOVED naming the
+// new one: the waiter subscribes there at once and is woken by the
+// release. The fallback timers are 10 minutes: MOVED used to restart the
+// subscription connection on the old master, in a loop, until the fallback.
+func TestClusterMovedReplyMovesWait(t *testing.T) {
+	addrs := testbed.RedisCluster(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	key := testbed.Prefix(t)
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer admin.Close()
+	slot := int(admin.ClusterKeySlot(ctx, "lock:{"+key+"}").Val())
+	from, to := slotMasters(t, ctx, admin, slot)
+	addr := strings.Join(addrs, ",")
+	holder := newLocker(t, addr, slowFallback)
+	c, err := redisconn.Open(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := redislock.New(c, slowFallback)
+	t.Cleanup(func() { waiter.Close(); c.Close() })
+	stale := func() bool { // the waiter's slot map names the old master
+		t.Helper()
+		m, err := c.(*redis.ClusterClient).MasterForKey(ctx, "lock:{"+key+"}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Options().Addr == from.Addr
+	}
+	if !stale() { // loads the slot map
+		t.Fatal("the slot map does not name the slot's master")
+	}
+	lease, err := holder.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	migrateSlot(t, ctx, slot, from, to)
+	t.Cleanup(func() { migrateSlot(t, context.Background(), slot, to, from) })
+	if !stale() {
+		t.Fatal("the waiter's slot map followed the migration: no MOVED to test")
+	}
+
+	start := time.Now()
+	got := acquireLater(t, ctx, waiter, key)
+	waitShardChannels(t, ctx, to.Client, "lock:{"+key+"}:wake:*", 1, "the waiter's subscription on the slot's new master")
+	t.Logf("subscribed on the new master %v after the wait began", time.Since(start).Round(time.Microsecond))
+	releaseWakes(t, ctx, lease.Release, got)
+}
+
+// releaseWakes releases and requires the waiter (got) to be granted the
+// lock within 5 s: by SPUBLISH, as its fallback is minutes away.
+func releaseWakes(t *testing.T, ctx context.Context, release func(context.Context) error, got <-chan time.Time) {
+	t.Helper()
+	released := time.Now()
+	if err := release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-got:
+		t.Logf("woken %v after the release", at.Sub(released).Round(time.Microsecond))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not woken within 5 s of the release")
+	}
+}
