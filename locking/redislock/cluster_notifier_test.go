@@ -324,10 +324,7 @@ func TestClusterWaitFollowsMigratedSlot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	key := testbed.Prefix(t)
-	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	defer admin.Close()
-	slot := int(admin.ClusterKeySlot(ctx, "lock:{"+key+"}").Val())
-	from, to := slotMasters(t, ctx, admin, slot)
+	slot, from, to := lockSlot(t, ctx, addrs, key)
 	addr := strings.Join(addrs, ",")
 	holder, waiter := newLocker(t, addr, slowFallback), newLocker(t, addr, slowFallback)
 	lease, err := holder.Acquire(ctx, key)
@@ -352,9 +349,12 @@ type master struct {
 	Client   *redis.Client
 }
 
-// slotMasters returns slot's master and another master.
-func slotMasters(t *testing.T, ctx context.Context, c *redis.ClusterClient, slot int) (from, to master) {
+// lockSlot returns the slot of key's lock, its master and another master.
+func lockSlot(t *testing.T, ctx context.Context, addrs []string, key string) (slot int, from, to master) {
 	t.Helper()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer c.Close()
+	slot = int(c.ClusterKeySlot(ctx, "lock:{"+key+"}").Val())
 	slots, err := c.ClusterSlots(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -378,7 +378,7 @@ func slotMasters(t *testing.T, ctx context.Context, c *redis.ClusterClient, slot
 		m.Client = redis.NewClient(&redis.Options{Addr: m.Addr})
 		t.Cleanup(func() { m.Client.Close() })
 	}
-	return from, to
+	return slot, from, to
 }
 
 // migrateSlot moves slot and its keys from one master to another, as
