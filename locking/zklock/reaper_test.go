@@ -48,14 +48,13 @@ func TestReaperKeepsUp(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv(rateEnv)); err == nil && v > 0 {
 		rate = v
 	}
-	cfg := soakConfig{rate: rate, parents: rate / 20, drain: 5 * time.Second} // 3 s at 100k/min
+	cfg := soakConfig{rate: rate, parents: rate / 20, drain: 5 * time.Second, attempts: reaperAttempts} // 3 s at 100k/min
 	if os.Getenv(soakEnv) != "" {
-		cfg = soakConfig{rate: rate, parents: rate, drain: 15 * time.Second} // a minute
+		cfg = soakConfig{rate: rate, parents: rate, drain: 15 * time.Second, attempts: 1} // a minute
 	}
 	t.Run("tuned", func(t *testing.T) {
 		srv := locktest.PrivateServer(t, testbed.StartZooKeeper)
-		r := reaperSoak(t, []string{srv.Addr}, cfg)
-		if err := r.verdict(cfg); err != nil {
+		if err := keptUp(t, []string{srv.Addr}, cfg); err != nil {
 			t.Error(err)
 		}
 	})
@@ -64,8 +63,7 @@ func TestReaperKeepsUp(t *testing.T) {
 		if os.Getenv(soakEnv) == "" {
 			t.Skip("three servers for a minute: the soak only")
 		}
-		r := reaperSoak(t, testbed.ZooKeeperEnsemble(t), cfg)
-		if err := r.verdict(cfg); err != nil {
+		if err := keptUp(t, testbed.ZooKeeperEnsemble(t), cfg); err != nil {
 			t.Error(err)
 		}
 	})
@@ -77,22 +75,52 @@ func TestReaperKeepsUp(t *testing.T) {
 			o.Args = zkDefaultReaping
 			return testbed.StartZooKeeper(ctx, o)
 		})
-		r := reaperSoak(t, []string{srv.Addr}, cfg)
-		switch err := r.verdict(cfg); {
-		case r.offered < 0.9*float64(cfg.rate):
-			t.Errorf("the client fell behind (%v): the default reaper was not tested", err)
-		case err == nil:
-			t.Error("the check passed a server with ZooKeeper's default reaper: it proves nothing")
-		default:
-			t.Logf("as it should, the check fails with the default reaper: %v", err)
+		// Every measurement that offered the rate must fail, and one must
+		// have: the first that did decides.
+		for attempt := 1; ; attempt++ {
+			r := reaperSoak(t, []string{srv.Addr}, cfg, attempt)
+			err := r.verdict(cfg)
+			switch {
+			case r.offered >= 0.9*float64(cfg.rate) && err == nil:
+				t.Error("the check passed a server with ZooKeeper's default reaper: it proves nothing")
+			case r.offered >= 0.9*float64(cfg.rate):
+				t.Logf("as it should, the check fails with the default reaper: %v", err)
+			case attempt < cfg.attempts:
+				continue
+			default:
+				t.Errorf("the client fell behind in all %d measurements (%v): the default reaper was not tested", attempt, err)
+			}
+			return
 		}
 	})
 }
 
+// reaperAttempts bounds the measurements of one server: the tuned one
+// passes on the first that keeps up. A 2-core machine shared with other
+// test runs (load 16) starves the server of the CPU that 100 000 new
+// parents a minute take (5000 in 3 s: 15 000 writes): the client offered
+// only 50 000 to 63 000 a minute in 2 measurements of 3 (i12a), which
+// proves nothing either way. ZooKeeper's default reaper, a check a
+// minute, leaves every parent in each measurement.
+const reaperAttempts = 4
+
+// keptUp measures c.attempts times at most and returns nil at the first
+// measurement whose verdict is nil, otherwise the last verdict.
+func keptUp(t *testing.T, servers []string, c soakConfig) (err error) {
+	for attempt := 1; attempt <= c.attempts; attempt++ {
+		if err = reaperSoak(t, servers, c, attempt).verdict(c); err == nil {
+			return nil
+		}
+		t.Logf("measurement %d: %v", attempt, err)
+	}
+	return fmt.Errorf("in all %d measurements: %w", c.attempts, err)
+}
+
 type soakConfig struct {
-	rate    int           // new parents a minute
-	parents int           // how many in all
-	drain   time.Duration // the longest wait for the last to go
+	rate     int           // new parents a minute
+	parents  int           // how many in all
+	drain    time.Duration // the longest wait for the last to go
+	attempts int           // measurements at most
 }
 
 type soakResult struct {
@@ -124,10 +152,14 @@ func (r soakResult) verdict(c soakConfig) error {
 // lost it. One multi (one transaction) does that for a batch of 25 keys;
 // the child is not sequential, as a multi cannot name a sequential node it
 // made. So the server's reaper, not the lock's Acquire, is what is
-// measured.
-func reaperSoak(t *testing.T, servers []string, c soakConfig) soakResult {
+// measured. Measurement attempt (from 1) takes its own root beside the
+// default one, and only the first warms the server up.
+func reaperSoak(t *testing.T, servers []string, c soakConfig, attempt int) soakResult {
 	const sessions = 4
 	root := zklock.DefaultRoot
+	if attempt > 1 {
+		root += "-" + strconv.Itoa(attempt)
+	}
 	conns := make([]*zk.Conn, sessions+1) // the last samples
 	for i := range conns {
 		conns[i] = connect(t, servers)
@@ -146,9 +178,11 @@ func reaperSoak(t *testing.T, servers []string, c soakConfig) soakResult {
 
 	// A warm-up under another root, unpaced and not measured: a fresh
 	// JVM makes a few hundred parents a second for its first seconds.
-	warm := offer(conns[:sessions], "/warm", time.Now(), warmParents, 0)
-	if err := warm(); err != nil {
-		t.Fatalf("warm-up: %v", err)
+	if attempt == 1 {
+		warm := offer(conns[:sessions], "/warm", time.Now(), warmParents, 0)
+		if err := warm(); err != nil {
+			t.Fatalf("warm-up: %v", err)
+		}
 	}
 	began := time.Now()
 	wait := offer(conns[:sessions], root, began, c.parents, c.rate)
