@@ -39,6 +39,11 @@ type Config struct {
 	// waiter on redis and redlock (which a release message cuts short).
 	// Tests set a long one to prove that wake-ups alone keep a queue moving.
 	FallbackWait time.Duration
+	// RedlockNodeTimeout, if set, replaces redlock's bound on one request
+	// to one node (TTL/20, at most 100 ms). Tests on a loaded machine set
+	// a longer one, so that three healthy nodes slower than 50 ms do not
+	// make Acquire give up with ErrUnavailable.
+	RedlockNodeTimeout time.Duration
 
 	// OnRenewalFailed, if set, hears every failed lease renewal (metrics).
 	OnRenewalFailed func(key string, err error) `json:"-"`
@@ -96,7 +101,7 @@ func Open(ctx context.Context, name string, cfg Config) (locking.Locker, error) 
 			}
 			clients, closers = append(clients, c), append(closers, c.Close)
 		}
-		l, err := redlock.New(clients, redlock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed,
+		l, err := redlock.New(clients, redlock.Config{TTL: cfg.ttl(), NodeTimeout: cfg.RedlockNodeTimeout, OnRenewalFailed: cfg.OnRenewalFailed,
 			MinBackoff: cfg.FallbackWait, MaxBackoff: cfg.FallbackWait})
 		if err != nil {
 			closeAll()
