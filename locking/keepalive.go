@@ -16,8 +16,10 @@ import (
 // ErrNotHeld ends the lease at once. Renewal never revives a lease: renew
 // must check ownership on the server.
 //
-// It runs on two timers and no goroutine of its own: a lease that is
-// released before its first renewal (most of them) costs two timer starts.
+// It runs on two alarms (alarm.go), which share one runtime timer with
+// every other lease's, and no goroutine of its own: a lease that is
+// released before its first renewal (most of them) costs two heap pushes
+// and pops.
 type Keepalive struct {
 	ttl    time.Duration
 	now    func() time.Time // time.Now; a test's clock can jump as a pause would
@@ -25,16 +27,15 @@ type Keepalive struct {
 	onFail func(error)
 	lost   chan struct{}
 	once   sync.Once
-	ctx    context.Context // ends a renewal in flight when Stop is called
-	cancel context.CancelFunc
 	flight sync.WaitGroup // the renewal in flight, if any
 
 	mu         sync.Mutex
 	stopped    bool
+	cancel     context.CancelFunc // ends the renewal in flight when Stop is called
 	validUntil time.Time
 	period     time.Duration // the validity a renewal gives: the first grant's, then ttl
-	next       *time.Timer   // the next renewal
-	expiry     *time.Timer   // closes Lost at validUntil, whatever a renewal is doing
+	next       alarm         // the next renewal
+	expiry     alarm         // closes Lost at validUntil, whatever a renewal is doing
 }
 
 // RenewFunc extends the lease on the server for another ttl. It returns
@@ -68,29 +69,28 @@ func startKeepalive(now func() time.Time, ttl time.Duration, sent time.Time, ren
 }
 
 func startKeepaliveFirst(now func() time.Time, ttl, first time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
-	ctx, cancel := context.WithCancel(context.Background())
 	k := &Keepalive{
 		ttl:        ttl,
 		now:        now,
 		renew:      renew,
 		onFail:     onFail,
 		lost:       make(chan struct{}),
-		ctx:        ctx,
-		cancel:     cancel,
 		validUntil: sent.Add(first - Drift(first)),
 		period:     first,
 	}
+	k.next = alarm{k: k, i: -1}
+	k.expiry = alarm{k: k, expire: true, i: -1}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.expiry = time.AfterFunc(k.validUntil.Sub(now()), k.MarkLost)
-	k.next = time.AfterFunc(first/3, k.renewOnce)
+	k.expiry.set(k.validUntil.Sub(now()))
+	k.next.set(first / 3)
 	return k
 }
 
 // Lost is closed when the lease can no longer be trusted. It reads the
-// clock itself rather than trust the expiry timer alone: after a pause
+// clock itself rather than trust the expiry alarm alone: after a pause
 // (SIGSTOP, a long GC) the holder's first look must find the lease gone,
-// not race the timer that was due to close it meanwhile.
+// not race the alarm that was due to close it meanwhile.
 func (k *Keepalive) Lost() <-chan struct{} {
 	if !k.isLost() {
 		k.mu.Lock()
@@ -108,10 +108,13 @@ func (k *Keepalive) Lost() <-chan struct{} {
 func (k *Keepalive) Stop() {
 	k.mu.Lock()
 	k.stopped = true
-	k.next.Stop()
-	k.expiry.Stop()
+	k.next.stop()
+	k.expiry.stop()
+	cancel := k.cancel
 	k.mu.Unlock()
-	k.cancel()
+	if cancel != nil {
+		cancel()
+	}
 	k.flight.Wait()
 }
 
@@ -134,10 +137,10 @@ func (k *Keepalive) deadline() time.Time {
 	return k.validUntil
 }
 
-// renewOnce runs on the next timer. A renewal that cannot finish within the
+// renewOnce runs on the next alarm. A renewal that cannot finish within the
 // validity is worthless, so its context ends there; and one that hangs
 // regardless (a client ignoring its context) does not hold Lost open, since
-// the expiry timer fires on its own.
+// the expiry alarm fires on its own.
 func (k *Keepalive) renewOnce() {
 	k.mu.Lock()
 	if k.stopped || k.isLost() { // a renewal would extend a lease nobody trusts
@@ -145,25 +148,26 @@ func (k *Keepalive) renewOnce() {
 		return
 	}
 	k.flight.Add(1)
-	deadline := k.validUntil
+	ctx, cancel := context.WithDeadline(context.Background(), k.validUntil)
+	k.cancel = cancel
 	k.mu.Unlock()
 	defer k.flight.Done()
 
 	sent := k.now()
-	ctx, cancel := context.WithDeadline(k.ctx, deadline)
 	err := k.renew(ctx)
 	cancel()
 
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.cancel = nil
 	if k.stopped || k.isLost() {
 		return // a late success must not revive a lease already lost
 	}
 	if err == nil {
 		k.validUntil = sent.Add(k.ttl - Drift(k.ttl))
 		k.period = k.ttl
-		k.expiry.Reset(k.validUntil.Sub(k.now()))
-		k.next.Reset(k.ttl / 3)
+		k.expiry.set(k.validUntil.Sub(k.now()))
+		k.next.set(k.ttl / 3)
 		return
 	}
 	if k.onFail != nil {
@@ -173,6 +177,6 @@ func (k *Keepalive) renewOnce() {
 		k.MarkLost()
 		return
 	}
-	// Transient: try again soon; the expiry timer still bounds us.
-	k.next.Reset(k.period / 12)
+	// Transient: try again soon; the expiry alarm still bounds us.
+	k.next.set(k.period / 12)
 }
