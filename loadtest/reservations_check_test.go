@@ -54,7 +54,7 @@ func TestCheckReservationsSeesDoubleGiveBack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _, err = st.Settle(ctx, storage.GuardVersion, storage.Settlement{ID: id, To: storage.StatusCancelled, By: "r1", Lock: "redis"},
+		_, _, err = st.Settle(ctx, storage.GuardVersion, storage.Settlement{ID: id, To: storage.StatusCancelled, By: "r1"},
 			[]storage.Move{{Seen: inv, Stock: 1, Reserved: -1}})
 		if err != nil {
 			t.Fatal(err)

@@ -324,7 +324,7 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 	s.reservationHook(ctx, HookSettleBeforeWrite, id, opOf[to], r.Lines[0].SKU, hookToken, "")
 
 	epoch := s.epoch.Load()
-	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, Lock: s.cfg.Lock, SweepEpoch: epoch, SweepToken: sweepToken}
+	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, SweepEpoch: epoch, SweepToken: sweepToken}
 	moves := make([]storage.Move, len(r.Lines))
 	for i, l := range r.Lines {
 		tok := token(leases, l.SKU)

@@ -60,7 +60,7 @@ func TestSweepSkipsRefusedSKU(t *testing.T) {
 
 	// A newer sweeper has written: this one's pass stops, expiring nothing.
 	more := decodeReservation(t, hold(h, 1, "", "swept-free", 1))
-	if _, err := db.ExecContext(t.Context(), "UPDATE fences SET fence = ? WHERE name = ?", uint64(1)<<40, storage.SweeperFence("redis")); err != nil {
+	if _, err := db.ExecContext(t.Context(), "UPDATE fences SET fence = ? WHERE name = ?", uint64(1)<<40, storage.SweeperFence); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond)

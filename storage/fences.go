@@ -71,6 +71,12 @@ func (s *Store) AdoptFences(ctx context.Context, lock string) (epoch uint64, res
 				return err
 			}
 		}
+		// The sweeper's row, if no sweeper ever wrote it: a straggler
+		// sweeper of the old backend must find it above its epoch.
+		err = tx.Exec("INSERT IGNORE INTO fences (name, fence, epoch, writes) VALUES (?, 0, ?, 0)", SweeperFence, epoch).Error
+		if err != nil {
+			return err
+		}
 		if err := tx.Exec("UPDATE meta SET value = ? WHERE name = ?", lock, fenceLockName).Error; err != nil {
 			return err
 		}

@@ -27,7 +27,7 @@ func TestAdoptFences(t *testing.T) {
 	put(t, s, "af-swept", 5)
 	first, again := hold(t, s, "af-swept", 0), hold(t, s, "af-swept", 0)
 	waitDue(t, s, again)
-	if _, _, err := sweep(ctx, s, first, "zookeeper", 0, 1<<33); err != nil {
+	if _, _, err := sweep(ctx, s, first, 0, 1<<33); err != nil {
 		t.Fatal(err)
 	}
 	fence := func() (epoch, token uint64) {
@@ -63,8 +63,42 @@ func TestAdoptFences(t *testing.T) {
 			t.Errorf("Fences after adopting %q: %q, %d, %v; want epoch %d", step.lock, lock, got, err, step.epoch)
 		}
 	}
-	if _, _, err := sweep(ctx, s, again, "zookeeper", 2, 1); err != nil {
+	if _, _, err := sweep(ctx, s, again, 2, 1); err != nil {
 		t.Errorf("zookeeper's sweeper back at epoch 2, its counter from 1 again: %v", err)
+	}
+}
+
+// TestStragglerSweeperWithoutARow is review-5 R5-2: the fleet leaves
+// zookeeper before any zookeeper sweeper expired anything, so no sweeper
+// fence row exists when the epoch moves. A straggler sweeper of zookeeper
+// (old epoch, any token) is still refused, writing nothing, and the new
+// backend's sweeper passes from token 1. With one row per backend and an
+// adoption that moves only existing rows, the straggler created its own
+// row and passed; with one row that the adoption does not create, it
+// created that row and passed.
+func TestStragglerSweeperWithoutARow(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	ctx := t.Context()
+	old, _, err := s.AdoptFences(ctx, "zookeeper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, s, "r52", 10)
+	late, cur := hold(t, s, "r52", 0), hold(t, s, "r52", 0)
+	waitDue(t, s, cur)
+	epoch, reset, err := s.AdoptFences(ctx, "redis")
+	if err != nil || !reset || epoch == old {
+		t.Fatalf("AdoptFences(redis): epoch %d (old %d), reset %v, %v", epoch, old, reset, err)
+	}
+	if _, _, err := sweep(ctx, s, late, old, 99); !errors.Is(err, storage.ErrStaleSweeper) {
+		t.Errorf("the straggler's sweeper at (%d, 99) after the switch to epoch %d: %v, want %v", old, epoch, err, storage.ErrStaleSweeper)
+	}
+	if r, err := s.Reservation(ctx, late); err != nil || r.Status != storage.StatusHeld {
+		t.Errorf("after the refused expiry the reservation is %q (%v), want held", r.Status, err)
+	}
+	if _, _, err := sweep(ctx, s, cur, epoch, 1); err != nil {
+		t.Errorf("the new backend's sweeper at (%d, 1): %v", epoch, err)
 	}
 }
 
@@ -92,7 +126,7 @@ func TestStaleBackendRefused(t *testing.T) {
 	put(t, s, "f3-swept", 10)
 	due, a, b := hold(t, s, "f3-swept", 0), hold(t, s, "f3-swept", 0), hold(t, s, "f3-swept", 0)
 	waitDue(t, s, b)
-	if _, _, err := sweep(ctx, s, due, "zookeeper", old, czxid+1); err != nil {
+	if _, _, err := sweep(ctx, s, due, old, czxid+1); err != nil {
 		t.Fatalf("the old backend's sweeper before the switch: %v", err)
 	}
 	cur, reset, err := s.AdoptFences(ctx, "redis")
@@ -120,7 +154,7 @@ func TestStaleBackendRefused(t *testing.T) {
 		if _, _, err := s.Hold(ctx, storage.GuardFencing, r, time.Minute, []storage.Move{m}); !errors.Is(err, storage.ErrStaleFence) {
 			t.Errorf("%s: the straggler's hold: %v, want %v", when, err, storage.ErrStaleFence)
 		}
-		if _, _, err := sweep(ctx, s, due, "zookeeper", old, stale); !errors.Is(err, storage.ErrStaleSweeper) {
+		if _, _, err := sweep(ctx, s, due, old, stale); !errors.Is(err, storage.ErrStaleSweeper) {
 			t.Errorf("%s: the straggler's sweeper: %v, want %v", when, err, storage.ErrStaleSweeper)
 		}
 		after, err := s.Inventory(ctx, "f3")
@@ -146,7 +180,7 @@ func TestStaleBackendRefused(t *testing.T) {
 	if _, err := s.PutInventory(ctx, storage.Put{SKU: "f3", Stock: 20, Epoch: cur, Token: 4}); err != nil {
 		t.Errorf("the new backend's reset under token 4: %v", err)
 	}
-	if _, _, err := sweep(ctx, s, a, "redis", cur, 1); err != nil {
+	if _, _, err := sweep(ctx, s, a, cur, 1); err != nil {
 		t.Errorf("the new backend's sweeper under token 1: %v", err)
 	}
 	straggle("after the new backend wrote", b)
@@ -226,12 +260,12 @@ func TestAdoptionWaitsForAWriteInFlight(t *testing.T) {
 // sweep is an expiry of reservation id (1 of one SKU) by lock's sweeper
 // under (epoch, token), the SKU's write under the atomic guard: the
 // sweeper fence alone decides.
-func sweep(ctx context.Context, s *storage.Store, id, lock string, epoch, token uint64) (storage.Reservation, []storage.Inventory, error) {
+func sweep(ctx context.Context, s *storage.Store, id string, epoch, token uint64) (storage.Reservation, []storage.Inventory, error) {
 	r, err := s.Reservation(ctx, id)
 	if err != nil {
 		return storage.Reservation{}, nil, err
 	}
 	l := r.Lines[0]
-	st := storage.Settlement{ID: id, To: storage.StatusExpired, By: "sweeper", Lock: lock, SweepEpoch: epoch, SweepToken: token}
+	st := storage.Settlement{ID: id, To: storage.StatusExpired, By: "sweeper", SweepEpoch: epoch, SweepToken: token}
 	return s.Settle(ctx, storage.GuardAtomic, st, []storage.Move{{Seen: storage.Inventory{SKU: l.SKU}, Stock: l.Quantity, Reserved: -l.Quantity}})
 }

@@ -91,11 +91,13 @@ func (Reservation) TableName() string { return "reservations" }
 
 // Fence is a named fencing counter for writers that are not a SKU's: the
 // sweeper's (SweeperFence). A write under (epoch, token) passes only if no
-// write under a greater pair came before (see fenceBelow). Each lock
-// backend has a row of its own, and AdoptFences moves every row to the new
-// epoch: a switch of backend neither leaves the new sweeper fenced off by
-// the old one's larger numbers nor lets a straggler of the old backend
-// sweep on.
+// write under a greater pair came before (see fenceBelow). One row serves
+// every backend, since the epoch orders their tokens; AdoptFences moves it
+// to (new epoch, 0), creating it if no sweeper ever wrote it: a switch of
+// backend neither leaves the new sweeper fenced off by the old one's
+// larger numbers nor lets a straggler of the old backend sweep on, even
+// one whose backend never wrote the row (review-5 R5-2: with a row per
+// backend, such a straggler created its own and passed).
 type Fence struct {
 	Name   string `gorm:"type:varbinary(64);primaryKey"`
 	Fence  uint64 `gorm:"not null"`
@@ -133,9 +135,10 @@ var moveOp = map[string]string{
 	StatusHeld: "hold", StatusConfirmed: "confirm", StatusCancelled: "cancel", StatusExpired: "expire",
 }
 
-// SweeperFence is the name of the Fence of the lock `sweeper` on backend
-// lock.
-func SweeperFence(lock string) string { return "sweeper/" + lock }
+// SweeperFence is the name of the Fence of the lock `sweeper`, on every
+// backend. Rows of older versions, one per backend ("sweeper/<lock>"),
+// are left as they are: nothing reads them.
+const SweeperFence = "sweeper"
 
 // ReservationFingerprint is a hold request's Fingerprint: its lines sorted
 // by SKU (their order is the client's, not a difference) and its TTL in
@@ -199,12 +202,11 @@ func (s *Store) Hold(ctx context.Context, guard Guard, r Reservation, ttl time.D
 // inserted, one per line), cancelled or expired (the stock goes back).
 // SweepToken, for an expiry by a sweeper holding the lock `sweeper` with a
 // token, is checked with SweepEpoch (the fence epoch of its backend)
-// against SweeperFence(Lock) in the same transaction.
+// against the SweeperFence row in the same transaction.
 type Settlement struct {
 	ID         string
 	To         string // StatusConfirmed, StatusCancelled or StatusExpired
 	By         string // the replica
-	Lock       string // its lock backend
 	Orders     []Order
 	SweepEpoch uint64
 	SweepToken uint64
@@ -242,7 +244,7 @@ func (s *Store) Settle(ctx context.Context, guard Guard, st Settlement, moves []
 				ON DUPLICATE KEY UPDATE writes = IF((epoch, fence) <= (VALUES(epoch), VALUES(fence)), writes + 1, writes),
 					fence = IF((epoch, fence) <= (VALUES(epoch), VALUES(fence)), VALUES(fence), fence),
 					epoch = GREATEST(epoch, VALUES(epoch))`,
-				SweeperFence(st.Lock), st.SweepToken, st.SweepEpoch)
+				SweeperFence, st.SweepToken, st.SweepEpoch)
 			if res.Error != nil {
 				return res.Error
 			}

@@ -79,14 +79,13 @@ func TestStaleSweeperRefused(t *testing.T) {
 			defer s.Close()
 			sku := "sweep-" + uuid.NewString()[:8]
 			put(t, s, sku, 10)
-			lock := "redis-" + uuid.NewString()[:6] // a fence of its own
 			a, b, c := hold(t, s, sku, 0), hold(t, s, sku, 0), hold(t, s, sku, 0)
 			waitDue(t, s, c)
 
-			if _, _, err := expire(t, s, a, lock, 100); err != nil {
+			if _, _, err := expire(t, s, a, 100); err != nil {
 				t.Fatalf("expiry under token 100: %v", err)
 			}
-			_, _, err = expire(t, s, b, lock, 5) // an older sweeper, paused past its lease
+			_, _, err = expire(t, s, b, 5) // an older sweeper, paused past its lease
 			if !errors.Is(err, storage.ErrStaleSweeper) {
 				t.Fatalf("expiry under token 5 after one under 100: %v, want %v", err, storage.ErrStaleSweeper)
 			}
@@ -97,7 +96,7 @@ func TestStaleSweeperRefused(t *testing.T) {
 				t.Errorf("stock %d reserved %d after one expiry of three holds of 1, want 8 and 2", a.Stock, a.Reserved)
 			}
 			// The sweeper that raised the fence expires on under its token.
-			if _, _, err := expire(t, s, c, lock, 100); err != nil {
+			if _, _, err := expire(t, s, c, 100); err != nil {
 				t.Errorf("a second expiry under token 100: %v", err)
 			}
 		})
@@ -209,7 +208,7 @@ func settleTo(ctx context.Context, s *storage.Store, id, to string) (storage.Res
 		return storage.Reservation{}, nil, err
 	}
 	l := r.Lines[0]
-	st := storage.Settlement{ID: id, To: to, By: "t-" + to, Lock: "none"}
+	st := storage.Settlement{ID: id, To: to, By: "t-" + to}
 	m := storage.Move{Seen: storage.Inventory{SKU: l.SKU}, Stock: l.Quantity, Reserved: -l.Quantity}
 	if to == storage.StatusConfirmed {
 		m.Stock = 0
@@ -219,16 +218,15 @@ func settleTo(ctx context.Context, s *storage.Store, id, to string) (storage.Res
 	return s.Settle(ctx, storage.GuardAtomic, st, []storage.Move{m})
 }
 
-// expire is a sweeper's expiry of reservation id under token, with its
-// lock's fence.
-func expire(t *testing.T, s *storage.Store, id, lock string, token uint64) (storage.Reservation, []storage.Inventory, error) {
+// expire is a sweeper's expiry of reservation id under token, at epoch 0.
+func expire(t *testing.T, s *storage.Store, id string, token uint64) (storage.Reservation, []storage.Inventory, error) {
 	t.Helper()
 	r, err := s.Reservation(t.Context(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l := r.Lines[0]
-	st := storage.Settlement{ID: id, To: storage.StatusExpired, By: "sweeper", Lock: lock, SweepToken: token}
+	st := storage.Settlement{ID: id, To: storage.StatusExpired, By: "sweeper", SweepToken: token}
 	return s.Settle(t.Context(), storage.GuardAtomic, st, []storage.Move{{Seen: storage.Inventory{SKU: l.SKU}, Stock: l.Quantity, Reserved: -l.Quantity}})
 }
 
