@@ -55,3 +55,28 @@ type Lease interface {
 	// returns. Callers pass a fresh bounded context, not a cancelled one.
 	Release(ctx context.Context) error
 }
+
+// Identifier is implemented by a Locker whose tokens count in the data of
+// one set of servers: an etcd cluster's revisions, a ZooKeeper ensemble's
+// zxids, a Redis's counters. Identity names that data: Lockers on the same
+// servers get the same identity, before and after those restart with their
+// data, and servers whose data started afresh (a new cluster or ensemble,
+// a Redis that lost its data) give another one, since their tokens may
+// start again below the ones already handed out. The identity lives in
+// the servers' own data (a random value the first call that finds none
+// writes), so it goes wherever the data goes. Storage raises its fence
+// epoch when the identity changes (docs/design.md, "Guards").
+type Identifier interface {
+	Identity(ctx context.Context) (string, error)
+}
+
+// IdentityOf returns l's Identity, or "" when l is nil or has none (its
+// tokens are counted in one place for its backend's name, like the mysql
+// lock's, whose epoch lives in the database the fences live in; or they
+// are no safe tokens at all).
+func IdentityOf(ctx context.Context, l Locker) (string, error) {
+	if id, ok := l.(Identifier); ok {
+		return id.Identity(ctx)
+	}
+	return "", nil
+}

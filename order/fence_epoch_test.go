@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/local"
 	"github.com/oversold-lab/oversold/order"
@@ -104,9 +105,13 @@ func TestEpochRefreshedAfterARoundTrip(t *testing.T) {
 	t.Cleanup(func() { svc.Close() })
 	s := svc.Handler()
 	wantCode(t, call(s, http.MethodPut, "/v1/inventory/rt", `{"stock": 10}`, "Authorization", "Bearer "+adminToken), http.StatusOK, "")
-	for _, lock := range []string{"zookeeper", "redis"} {
-		if _, reset, err := f.store.AdoptFences(ctx, lock); err != nil || !reset {
-			t.Fatalf("AdoptFences(%s): reset %v, %v", lock, reset, err)
+	id, err := locking.IdentityOf(ctx, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, to := range []struct{ lock, id string }{{"zookeeper", ""}, {"redis", id}} {
+		if _, reset, err := f.store.AdoptFences(ctx, to.lock, to.id); err != nil || !reset {
+			t.Fatalf("AdoptFences(%s): reset %v, %v", to.lock, reset, err)
 		}
 	}
 	start := time.Now()

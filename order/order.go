@@ -98,8 +98,8 @@ type Store interface {
 	RemoveReplica(ctx context.Context, instance string) error
 	LiveReplicas(ctx context.Context, within time.Duration) ([]storage.Replica, error)
 	// AdoptFences and Fences: see storage.Store.
-	AdoptFences(ctx context.Context, lock string) (epoch uint64, reset bool, err error)
-	Fences(ctx context.Context) (lock string, epoch uint64, err error)
+	AdoptFences(ctx context.Context, lock, id string) (epoch uint64, reset bool, err error)
+	Fences(ctx context.Context) (lock, id string, epoch uint64, err error)
 }
 
 // Cache is the stock cache of steps 3 and 7 (inventory.Cache).

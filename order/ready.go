@@ -11,6 +11,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/storage"
 )
 
@@ -41,6 +42,13 @@ var ErrMixedSettings = errors.New("replicas of one database run other settings")
 // start at once safe: the later of the two lookups sees the other's row, so
 // at least one of them withdraws (both may, and then retry).
 func (s *Service) Start(ctx context.Context) error {
+	// Which servers' tokens this replica's leases carry: read before it
+	// announces itself, so a failure leaves no row behind.
+	id, err := locking.IdentityOf(ctx, s.locker)
+	if err != nil {
+		return fmt.Errorf("identity of lock %q: %w", s.cfg.Lock, err)
+	}
+	s.lockID.Store(&id)
 	// A restart under the same name starts afresh: an older started_at is
 	// precedence it did not earn (see checkPeers).
 	if err := s.store.RemoveReplica(ctx, s.cfg.Instance); err != nil {
@@ -61,14 +69,14 @@ func (s *Service) Start(ctx context.Context) error {
 		return fmt.Errorf("%w: %s", ErrMixedSettings, strings.Join(mixed, "; "))
 	}
 	// Alone with its settings now, it may take the fences over from
-	// another backend's tokens.
-	epoch, reset, err := s.store.AdoptFences(ctx, s.cfg.Lock)
+	// another backend's tokens, or other servers' of its own.
+	epoch, reset, err := s.store.AdoptFences(ctx, s.cfg.Lock, id)
 	if err != nil {
 		return fmt.Errorf("adopt fences for lock %q: %w", s.cfg.Lock, err)
 	}
 	s.epoch.Store(epoch)
 	if reset {
-		s.log.Warn("the lock backend changed: fences moved to a new epoch", "lock", s.cfg.Lock, "epoch", epoch)
+		s.log.Warn("the lock backend or its servers changed: fences moved to a new epoch", "lock", s.cfg.Lock, "lock_id", id, "epoch", epoch)
 	}
 	s.heartbeat.Go(s.sweepLoop)
 	s.heartbeat.Go(func() {
@@ -92,16 +100,20 @@ func (s *Service) Start(ctx context.Context) error {
 }
 
 // refreshEpoch takes the fences' epoch when they count in this replica's
-// backend's tokens: the fleet may have left the backend and come back to
-// it (a new epoch) while this replica was frozen. Under another backend's
-// epoch it keeps its own, which the fences refuse: 409 lock_lost, as a
-// lost lease, while /readyz takes it out of the balancer (checkPeers).
+// backend's tokens, on its servers: the fleet may have left the backend
+// and come back to it (a new epoch) while this replica was frozen. Under
+// another backend's epoch, or other servers', it keeps its own, which the
+// fences refuse: 409 lock_lost, as a lost lease, while /readyz takes it
+// out of the balancer (checkPeers). It never reads the identity again: a
+// replica whose servers lost their data while it ran (a Redis restarted
+// without persistence) stays on its epoch until it restarts
+// (deploy/k8s/README.md, "Rolling updates").
 func (s *Service) refreshEpoch(ctx context.Context) {
-	lock, epoch, err := s.store.Fences(ctx)
+	lock, id, epoch, err := s.store.Fences(ctx)
 	switch {
 	case err != nil:
 		s.log.Warn("fence epoch unread", "err", err)
-	case lock == s.cfg.Lock && epoch != s.epoch.Swap(epoch):
+	case s.ownsFences(lock, id) && epoch != s.epoch.Swap(epoch):
 		s.log.Warn("the fences moved to a new epoch of this replica's backend", "lock", s.cfg.Lock, "epoch", epoch)
 	}
 }
@@ -193,9 +205,9 @@ func (s *Service) probeLock(ctx context.Context) error {
 // replicas serving stay in the balancer. Start refuses such a newcomer; this
 // catches what Start could not see (a replica whose heartbeats had lapsed,
 // paused or cut off from MySQL, that comes back). It also fails when the
-// fences count in another backend's tokens: the fleet moved to that
-// backend while this replica was away, so its fenced writes are refused
-// and it must restart with the fleet's lock.
+// fences count in another backend's tokens, or other servers' of its
+// own: the fleet moved there while this replica was away (or ran on), so
+// its fenced writes are refused and it must restart with the fleet's lock.
 func (s *Service) checkPeers(ctx context.Context) error {
 	mixed, err := s.mixedPeers(ctx, true)
 	if err != nil {
@@ -211,22 +223,27 @@ func (s *Service) checkPeers(ctx context.Context) error {
 // mixedPeers describes the live replicas of this database that run another
 // lock or guard; with olderOnly, only those that started before this one
 // (by started_at, then instance name; a replica whose own row is missing is
-// the newest). With olderOnly (/readyz), a replica whose lock the fences
-// no longer count in is superseded (its own checkPeers says so): it does
+// the newest). With olderOnly (/readyz), a replica whose lock, or lock
+// servers (their identity), the fences no longer count in is superseded (its own checkPeers says so): it does
 // not count against the fleet of the fences' backend, or one straggler that
 // comes back would take that whole fleet out of the balancer. Start still
 // counts it: the fences' backend may be the name a rival newcomer has not
 // yet replaced (two newcomers at once must not both start), so a newcomer
 // waits until the straggler is gone.
 func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, error) {
-	fences, _, err := s.store.Fences(ctx)
+	fences, fencesID, _, err := s.store.Fences(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var mixed []string
-	if olderOnly && fences != "" && fences != s.cfg.Lock {
+	switch {
+	case !olderOnly || fences == "" || s.ownsFences(fences, fencesID):
+	case fences != s.cfg.Lock:
 		mixed = append(mixed, fmt.Sprintf("the fences count in lock=%s tokens, this replica runs lock=%s: superseded, restart it with the fleet's lock",
 			fences, s.cfg.Lock))
+	default:
+		mixed = append(mixed, fmt.Sprintf("the fences count in tokens of lock=%s servers %s, this replica's are %s: superseded, restart it",
+			fences, fencesID, s.ownLockID()))
 	}
 	peers, err := s.store.LiveReplicas(ctx, liveWithin)
 	if err != nil {
@@ -242,7 +259,7 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard)) {
 			continue
 		}
-		if olderOnly && fences == s.cfg.Lock && p.Lock != fences {
+		if olderOnly && s.ownsFences(fences, fencesID) && p.Lock != fences {
 			continue // superseded
 		}
 		if olderOnly && self >= 0 && !older(p, peers[self]) {
@@ -260,4 +277,18 @@ func older(a, b storage.Replica) bool {
 		return a.StartedAt.Before(b.StartedAt)
 	}
 	return a.Instance < b.Instance
+}
+
+// ownLockID is the identity Start read ("" before Start).
+func (s *Service) ownLockID() string {
+	if id := s.lockID.Load(); id != nil {
+		return *id
+	}
+	return ""
+}
+
+// ownsFences reports whether fences recorded for lock, on the servers
+// with identity id, count in this replica's tokens.
+func (s *Service) ownsFences(lock, id string) bool {
+	return lock == s.cfg.Lock && id == s.ownLockID()
 }

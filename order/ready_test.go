@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/local"
 	"github.com/oversold-lab/oversold/order"
@@ -130,7 +131,7 @@ func TestLockSwitchResetsFences(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := t.Context()
-	if _, _, err := f.store.AdoptFences(ctx, "zookeeper"); err != nil {
+	if _, _, err := f.store.AdoptFences(ctx, "zookeeper", ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.store.PutInventory(ctx, storage.Put{SKU: "switch", Stock: 10, Token: 1 << 33}); err != nil {
@@ -158,7 +159,17 @@ func TestLockSwitchResetsFences(t *testing.T) {
 	if rec := call(h, http.MethodPut, "/v1/inventory/switch", `{"stock": 20}`, "Authorization", "Bearer "+adminToken); rec.Code != http.StatusOK {
 		t.Errorf("guard fencing after the switch: PUT %d %s, want 200", rec.Code, rec.Body)
 	}
-	if _, reset, err := f.store.AdoptFences(ctx, "redis"); err != nil || reset {
+	// A second replica: its own Locker on the same Redis.
+	other, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: f.redis})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	id, err := locking.IdentityOf(ctx, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, reset, err := f.store.AdoptFences(ctx, "redis", id); err != nil || reset {
 		t.Errorf("a second redis replica: reset %v, err %v; want no reset", reset, err)
 	}
 }

@@ -146,6 +146,10 @@ type Service struct {
 	// epoch is the fence epoch of cfg.Lock (storage.Store.AdoptFences),
 	// carried with the token by every fenced write.
 	epoch atomic.Uint64
+	// lockID is the identity of the lock servers' data
+	// (locking.IdentityOf), read once by Start: the fences are this
+	// replica's while they name cfg.Lock and it.
+	lockID atomic.Pointer[string]
 
 	stopOnce  sync.Once
 	stop      chan struct{} // ends the heartbeat

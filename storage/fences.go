@@ -7,12 +7,14 @@ import (
 	"gorm.io/gorm"
 )
 
-// The meta rows naming the lock backend whose tokens the fences hold, and
-// the fence epoch: a number AdoptFences raises each time the backend
-// changes.
+// The meta rows naming the lock backend whose tokens the fences hold (its
+// name, and the identity of its servers' data: locking.Identifier, "" for
+// a backend without one), and the fence epoch: a number AdoptFences raises
+// each time either changes.
 const (
-	fenceLockName  = "fence_lock"
-	fenceEpochName = "fence_epoch"
+	fenceLockName   = "fence_lock"
+	fenceLockIDName = "fence_lock_id"
+	fenceEpochName  = "fence_epoch"
 )
 
 // fenceBelow reports whether the fence (rowEpoch, rowToken) is below the
@@ -32,34 +34,42 @@ func fenceBelow(rowEpoch, rowToken, epoch, token uint64) bool {
 	return rowEpoch < epoch || rowEpoch == epoch && rowToken < token
 }
 
-// AdoptFences makes the fences count in lock's tokens and returns the fence
-// epoch that lock's writes carry. A database that never recorded its
-// backend adopts lock as it stands, at epoch 0. When the fleet moves to
-// another backend, the first replica of the new one raises the epoch and
-// moves every fence (the SKUs' and the fences table's) to (new epoch, 0),
-// in one transaction with the meta rows, so its tokens pass at once and a
-// straggler of the old backend finds every fence above its epoch: refused,
-// whenever it writes. A replica with other settings does not start while
-// one of the old backend's replicas is live (order.ErrMixedSettings), but
-// one frozen past the liveness window is not seen; the epoch is what
-// fences it off. It reports whether the epoch moved.
-func (s *Store) AdoptFences(ctx context.Context, lock string) (epoch uint64, reset bool, err error) {
+// AdoptFences makes the fences count in the tokens of backend lock, on the
+// servers whose data has identity id (locking.IdentityOf), and returns the
+// fence epoch that its writes carry. A database that never recorded its
+// backend adopts it as it stands, at epoch 0; one that recorded only a
+// name (before identities were recorded) adopts id for that name alike.
+// When the fleet moves to another backend, or to other servers of the same
+// backend (a new etcd cluster or ZooKeeper ensemble, a Redis that lost its
+// data: each counts its tokens again from low numbers, below the fences
+// the old one wrote), the first replica of the new one raises the epoch
+// and moves every fence (the SKUs' and the fences table's) to (new epoch,
+// 0), in one transaction with the meta rows, so its tokens pass at once
+// and a straggler of the old backend finds every fence above its epoch:
+// refused, whenever it writes. A replica with another lock name does not
+// start while one of the old backend's replicas is live
+// (order.ErrMixedSettings), but one frozen past the liveness window is not
+// seen; the epoch is what fences it off. It reports whether the epoch
+// moved.
+func (s *Store) AdoptFences(ctx context.Context, lock, id string) (epoch uint64, reset bool, err error) {
 	db := s.db.WithContext(ctx)
-	err = db.Exec("INSERT IGNORE INTO meta (name, value) VALUES (?, ?), (?, '0')", fenceLockName, lock, fenceEpochName).Error
+	err = db.Exec("INSERT IGNORE INTO meta (name, value) VALUES (?, ?), (?, ?), (?, '0')",
+		fenceLockName, lock, fenceLockIDName, id, fenceEpochName).Error
 	if err != nil {
 		return 0, false, err
 	}
 	err = db.Transaction(func(tx *gorm.DB) error {
-		var cur string
-		if err := tx.Raw("SELECT value FROM meta WHERE name = ? FOR UPDATE", fenceLockName).Row().Scan(&cur); err != nil {
-			return err
-		}
-		var e string
-		if err := tx.Raw("SELECT value FROM meta WHERE name = ? FOR UPDATE", fenceEpochName).Row().Scan(&e); err != nil {
-			return err
+		var cur, curID, e string
+		for _, row := range []struct {
+			name string
+			dst  *string
+		}{{fenceLockName, &cur}, {fenceLockIDName, &curID}, {fenceEpochName, &e}} {
+			if err := tx.Raw("SELECT value FROM meta WHERE name = ? FOR UPDATE", row.name).Row().Scan(row.dst); err != nil {
+				return err
+			}
 		}
 		var err error
-		if epoch, err = strconv.ParseUint(e, 10, 64); err != nil || cur == lock {
+		if epoch, err = strconv.ParseUint(e, 10, 64); err != nil || cur == lock && curID == id {
 			return err
 		}
 		epoch++
@@ -77,11 +87,13 @@ func (s *Store) AdoptFences(ctx context.Context, lock string) (epoch uint64, res
 		if err != nil {
 			return err
 		}
-		if err := tx.Exec("UPDATE meta SET value = ? WHERE name = ?", lock, fenceLockName).Error; err != nil {
-			return err
+		for name, value := range map[string]string{fenceLockName: lock, fenceLockIDName: id, fenceEpochName: strconv.FormatUint(epoch, 10)} {
+			if err := tx.Exec("UPDATE meta SET value = ? WHERE name = ?", value, name).Error; err != nil {
+				return err
+			}
 		}
 		reset = true
-		return tx.Exec("UPDATE meta SET value = ? WHERE name = ?", strconv.FormatUint(epoch, 10), fenceEpochName).Error
+		return nil
 	})
 	if err != nil {
 		return 0, false, err
@@ -90,29 +102,34 @@ func (s *Store) AdoptFences(ctx context.Context, lock string) (epoch uint64, res
 }
 
 // Fences returns the backend whose tokens the fences count in now (meta's
-// fence_lock, "" before any replica adopted them) and their epoch; it never
-// adopts. A replica of that backend refreshes with it the epoch it adopted
-// at its start, in case the fleet left its backend and came back to it
-// meanwhile; a replica of another backend is superseded: the fences refuse
-// its tokens, and it leaves the balancer (order/ready.go).
-func (s *Store) Fences(ctx context.Context) (lock string, epoch uint64, err error) {
-	// One statement: the two rows as of one snapshot.
+// fence_lock and fence_lock_id, "" before any replica adopted them) and
+// their epoch; it never adopts. A replica of that backend and identity
+// refreshes with it the epoch it adopted at its start, in case the fleet
+// left its backend and came back to it meanwhile; a replica of another
+// backend, or of other servers, is superseded: the fences refuse its
+// tokens, and it leaves the balancer (order/ready.go).
+func (s *Store) Fences(ctx context.Context) (lock, id string, epoch uint64, err error) {
+	// One statement: the rows as of one snapshot.
 	var rows []Meta
-	err = s.db.WithContext(ctx).Raw("SELECT name, value FROM meta WHERE name IN (?, ?)", fenceLockName, fenceEpochName).Scan(&rows).Error
+	err = s.db.WithContext(ctx).Raw("SELECT name, value FROM meta WHERE name IN (?, ?, ?)",
+		fenceLockName, fenceLockIDName, fenceEpochName).Scan(&rows).Error
 	if err != nil {
-		return "", 0, err
+		return "", "", 0, err
 	}
 	var e string
 	for _, r := range rows {
-		if r.Name == fenceLockName {
+		switch r.Name {
+		case fenceLockName:
 			lock = r.Value
-		} else {
+		case fenceLockIDName:
+			id = r.Value
+		default:
 			e = r.Value
 		}
 	}
 	if e == "" {
-		return lock, 0, nil
+		return lock, id, 0, nil
 	}
 	epoch, err = strconv.ParseUint(e, 10, 64)
-	return lock, epoch, err
+	return lock, id, epoch, err
 }

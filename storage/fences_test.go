@@ -12,14 +12,15 @@ import (
 )
 
 // TestAdoptFences: the fences (a SKU's, and the fences table's) move to a
-// new epoch when the fleet moves to another backend, and only then; a
-// backend that comes back gets a new epoch again, so its sweeper passes
-// with a counter that started again from 1 (before the epoch its own old
-// row refused it for good; the move to (epoch, 0) and the epoch compare
-// each let it pass). FenceEpoch reads the epoch of the fences' backend and
-// nothing for another.
+// new epoch when the fleet moves to another backend, or to other servers
+// of the same one (another identity: review-5 R5-3, a new ensemble whose
+// zxids start below the old one's), and only then; a backend that comes
+// back gets a new epoch again, so its sweeper passes with a counter that
+// started again from 1. A database that recorded only the name (before
+// identities) adopts the identity without a new epoch. Fences reads what
+// was adopted.
 func TestAdoptFences(t *testing.T) {
-	s := openStore(t)
+	s, db := openStoreAndDB(t)
 	ctx := t.Context()
 	if _, err := s.PutInventory(ctx, storage.Put{SKU: "af", Stock: 5, Token: 1 << 33}); err != nil {
 		t.Fatal(err)
@@ -39,32 +40,45 @@ func TestAdoptFences(t *testing.T) {
 		return inv.FenceEpoch, inv.Fence
 	}
 	for _, step := range []struct {
-		lock             string
+		lock, id         string
 		epoch            uint64
 		reset            bool
 		wantEpoch, token uint64
 	}{
-		{"zookeeper", 0, false, 0, 1 << 33}, // first record: adopted as it stands
-		{"zookeeper", 0, false, 0, 1 << 33},
-		{"redis", 1, true, 1, 0},
-		{"redis", 1, false, 1, 0},
-		{"zookeeper", 2, true, 2, 0},
+		{"zookeeper", "A", 0, false, 0, 1 << 33}, // first record: adopted as it stands
+		{"zookeeper", "A", 0, false, 0, 1 << 33}, // the same ensemble (restarted or not)
+		{"zookeeper", "B", 1, true, 1, 0},        // a new ensemble under the same name
+		{"zookeeper", "B", 1, false, 1, 0},
+		{"redis", "R", 2, true, 2, 0},
+		{"redis", "R", 2, false, 2, 0},
+		{"redis", "", 3, true, 3, 0}, // (a name alone is an identity too)
+		{"zookeeper", "B", 4, true, 4, 0},
 	} {
-		epoch, reset, err := s.AdoptFences(ctx, step.lock)
+		epoch, reset, err := s.AdoptFences(ctx, step.lock, step.id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		e, tok := fence()
 		if epoch != step.epoch || reset != step.reset || e != step.wantEpoch || tok != step.token {
-			t.Errorf("AdoptFences(%q): epoch %d, reset %v, fence (%d, %d); want %d, %v, (%d, %d)",
-				step.lock, epoch, reset, e, tok, step.epoch, step.reset, step.wantEpoch, step.token)
+			t.Errorf("AdoptFences(%q, %q): epoch %d, reset %v, fence (%d, %d); want %d, %v, (%d, %d)",
+				step.lock, step.id, epoch, reset, e, tok, step.epoch, step.reset, step.wantEpoch, step.token)
 		}
-		if lock, got, err := s.Fences(ctx); err != nil || lock != step.lock || got != step.epoch {
-			t.Errorf("Fences after adopting %q: %q, %d, %v; want epoch %d", step.lock, lock, got, err, step.epoch)
+		if lock, id, got, err := s.Fences(ctx); err != nil || lock != step.lock || id != step.id || got != step.epoch {
+			t.Errorf("Fences after adopting %q, %q: %q, %q, %d, %v; want epoch %d", step.lock, step.id, lock, id, got, err, step.epoch)
 		}
 	}
-	if _, _, err := sweep(ctx, s, again, 2, 1); err != nil {
-		t.Errorf("zookeeper's sweeper back at epoch 2, its counter from 1 again: %v", err)
+	if _, _, err := sweep(ctx, s, again, 4, 1); err != nil {
+		t.Errorf("zookeeper's sweeper back at epoch 4, its counter from 1 again: %v", err)
+	}
+	// A database of a version that recorded the name only.
+	if _, err := db.ExecContext(ctx, "DELETE FROM meta WHERE name = 'fence_lock_id'"); err != nil {
+		t.Fatal(err)
+	}
+	if epoch, reset, err := s.AdoptFences(ctx, "zookeeper", "C"); err != nil || reset || epoch != 4 {
+		t.Errorf("AdoptFences(zookeeper, C) over a record of the name alone: epoch %d, reset %v, %v; want 4, false", epoch, reset, err)
+	}
+	if epoch, reset, err := s.AdoptFences(ctx, "zookeeper", "D"); err != nil || !reset || epoch != 5 {
+		t.Errorf("AdoptFences(zookeeper, D) after C: epoch %d, reset %v, %v; want 5, true", epoch, reset, err)
 	}
 }
 
@@ -80,14 +94,14 @@ func TestStragglerSweeperWithoutARow(t *testing.T) {
 	t.Parallel()
 	s := openStore(t)
 	ctx := t.Context()
-	old, _, err := s.AdoptFences(ctx, "zookeeper")
+	old, _, err := s.AdoptFences(ctx, "zookeeper", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	put(t, s, "r52", 10)
 	late, cur := hold(t, s, "r52", 0), hold(t, s, "r52", 0)
 	waitDue(t, s, cur)
-	epoch, reset, err := s.AdoptFences(ctx, "redis")
+	epoch, reset, err := s.AdoptFences(ctx, "redis", "")
 	if err != nil || !reset || epoch == old {
 		t.Fatalf("AdoptFences(redis): epoch %d (old %d), reset %v, %v", epoch, old, reset, err)
 	}
@@ -114,7 +128,7 @@ func TestStaleBackendRefused(t *testing.T) {
 	s := openStore(t)
 	ctx := t.Context()
 	const czxid, stale = 1 << 33, 1 << 40
-	old, _, err := s.AdoptFences(ctx, "zookeeper")
+	old, _, err := s.AdoptFences(ctx, "zookeeper", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +143,7 @@ func TestStaleBackendRefused(t *testing.T) {
 	if _, _, err := sweep(ctx, s, due, old, czxid+1); err != nil {
 		t.Fatalf("the old backend's sweeper before the switch: %v", err)
 	}
-	cur, reset, err := s.AdoptFences(ctx, "redis")
+	cur, reset, err := s.AdoptFences(ctx, "redis", "")
 	if err != nil || !reset || cur == old {
 		t.Fatalf("AdoptFences(redis): epoch %d (old %d), reset %v, %v", cur, old, reset, err)
 	}
@@ -207,7 +221,7 @@ func TestAdoptionWaitsForAWriteInFlight(t *testing.T) {
 	t.Parallel()
 	s, db := openStoreAndDB(t)
 	ctx := t.Context()
-	old, _, err := s.AdoptFences(ctx, "zookeeper")
+	old, _, err := s.AdoptFences(ctx, "zookeeper", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +248,7 @@ func TestAdoptionWaitsForAWriteInFlight(t *testing.T) {
 	}
 	adopt := make(chan adopted, 1)
 	go func() {
-		e, _, err := s.AdoptFences(ctx, "redis")
+		e, _, err := s.AdoptFences(ctx, "redis", "")
 		adopt <- adopted{e, err}
 	}()
 	waitStatement(t, db, "UPDATE inventory SET fence = 0")

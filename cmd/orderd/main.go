@@ -163,6 +163,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			// already serving go on (deploy/k8s/README.md, "Rolling updates").
 			return &configError{Var: "OVERSOLD_LOCK, OVERSOLD_GUARD", Err: err}
 		}
+		if errors.Is(err, locking.ErrUnavailable) { // the lock servers' identity unread
+			return &configError{Var: lockVar[cfg.Lock], Err: err}
+		}
 		return err
 	}
 	defer svc.Close()

@@ -162,6 +162,12 @@ type owned struct {
 	closers []func() error
 }
 
+// Identity is the Locker's own (locking.IdentityOf): the embedding alone
+// would hide it.
+func (o owned) Identity(ctx context.Context) (string, error) {
+	return locking.IdentityOf(ctx, o.Locker)
+}
+
 func (o owned) Close() error {
 	errs := []error{o.Locker.Close()}
 	for _, c := range o.closers {

@@ -1,0 +1,87 @@
+package locktest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking"
+)
+
+// Identity checks a backend's locking.Identifier on real servers that
+// start starts with opts (which must keep the data across Kill and
+// Restart), through Lockers that open makes on a server's address:
+//   - Lockers on one server agree, even when all ask first at once (a
+//     start barrier releases them together);
+//   - the server killed and restarted with its data keeps it (no needless
+//     new fence epoch);
+//   - a fresh server gives another one (its tokens start again).
+//
+// It returns the first server and its identity, for checks of the
+// backend's own (a Redis that loses its data).
+func Identity(t *testing.T, start func(context.Context, testbed.Options) (*testbed.Server, error), opts testbed.Options,
+	open func(t *testing.T, addr string) locking.Locker) (*testbed.Server, string) {
+	t.Helper()
+	srv := startServer(t, start, opts)
+	const callers = 4
+	ids := make([]string, callers)
+	errs := make([]error, callers)
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range callers {
+		l := open(t, srv.Addr)
+		wg.Go(func() {
+			<-gate
+			ids[i], errs[i] = IdentityOf(t, l)
+		})
+	}
+	close(gate)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	id := ids[0]
+	for i, got := range ids {
+		if got == "" || got != id {
+			t.Fatalf("identities of %d Lockers asking at once on one server: %q; want one, not empty (caller %d)", callers, ids, i)
+		}
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := IdentityOf(t, open(t, srv.Addr)); err != nil || got != id {
+		t.Errorf("identity after the server restarted with its data: %q, %v; want %q", got, err, id)
+	}
+	other := startServer(t, start, testbed.Options{Args: opts.Args})
+	if got, err := IdentityOf(t, open(t, other.Addr)); err != nil || got == "" || got == id {
+		t.Errorf("identity on a fresh server: %q, %v; want one other than %q", got, err, id)
+	}
+	return srv, id
+}
+
+// IdentityOf is locking.IdentityOf on the test's context, failing when
+// l has no identity.
+func IdentityOf(t *testing.T, l locking.Locker) (string, error) {
+	if _, ok := l.(locking.Identifier); !ok {
+		return "", errors.New("the Locker has no Identity")
+	}
+	return locking.IdentityOf(t.Context(), l)
+}
+
+func startServer(t *testing.T, start func(context.Context, testbed.Options) (*testbed.Server, error), opts testbed.Options) *testbed.Server {
+	t.Helper()
+	srv, err := start(t.Context(), opts)
+	if errors.Is(err, testbed.ErrMissing) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	return srv
+}
