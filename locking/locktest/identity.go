@@ -24,7 +24,7 @@ import (
 func Identity(t *testing.T, start func(context.Context, testbed.Options) (*testbed.Server, error), opts testbed.Options,
 	open func(t *testing.T, addr string) locking.Locker) (*testbed.Server, string) {
 	t.Helper()
-	srv := startServer(t, start, opts)
+	srv := privateServer(t, start, opts)
 	const callers = 4
 	ids := make([]string, callers)
 	errs := make([]error, callers)
@@ -57,7 +57,7 @@ func Identity(t *testing.T, start func(context.Context, testbed.Options) (*testb
 	if got, err := IdentityOf(t, open(t, srv.Addr)); err != nil || got != id {
 		t.Errorf("identity after the server restarted with its data: %q, %v; want %q", got, err, id)
 	}
-	other := startServer(t, start, testbed.Options{Args: opts.Args})
+	other := privateServer(t, start, testbed.Options{Args: opts.Args})
 	if got, err := IdentityOf(t, open(t, other.Addr)); err != nil || got == "" || got == id {
 		t.Errorf("identity on a fresh server: %q, %v; want one other than %q", got, err, id)
 	}
@@ -71,17 +71,4 @@ func IdentityOf(t *testing.T, l locking.Locker) (string, error) {
 		return "", errors.New("the Locker has no Identity")
 	}
 	return locking.IdentityOf(t.Context(), l)
-}
-
-func startServer(t *testing.T, start func(context.Context, testbed.Options) (*testbed.Server, error), opts testbed.Options) *testbed.Server {
-	t.Helper()
-	srv, err := start(t.Context(), opts)
-	if errors.Is(err, testbed.ErrMissing) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
-	return srv
 }

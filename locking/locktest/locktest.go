@@ -655,7 +655,13 @@ func exclusiveAcrossProcesses(t *testing.T, b Backend, key string) {
 // may pause), stopped when the test ends.
 func PrivateServer(t *testing.T, start func(context.Context, testbed.Options) (*testbed.Server, error)) *testbed.Server {
 	t.Helper()
-	srv, err := start(t.Context(), testbed.Options{})
+	return privateServer(t, start, testbed.Options{})
+}
+
+// privateServer is PrivateServer with options.
+func privateServer(t *testing.T, start func(context.Context, testbed.Options) (*testbed.Server, error), opts testbed.Options) *testbed.Server {
+	t.Helper()
+	srv, err := start(t.Context(), opts)
 	if errors.Is(err, testbed.ErrMissing) {
 		t.Skip(err)
 	}
