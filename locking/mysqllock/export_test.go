@@ -18,3 +18,8 @@ func Closed(l *Locker) bool {
 	defer l.mu.Unlock()
 	return l.closed
 }
+
+// BeforeGrab has l call f as each grab begins, before it looks at the
+// caller's ctx; first: the first grab of an Acquire (on a queue
+// connection). Set it before l's first Acquire.
+func BeforeGrab(l *Locker, f func(first bool)) { l.beforeGrab = f }

@@ -103,7 +103,8 @@
 //     dead holder's.
 //   - Only a fallback polls (a holder whose connection to the named lock
 //     died, or that came in while no queue connection was spare): then the
-//     key idles until the first waiter's next poll, at most MaxPoll.
+//     key idles until the first waiter's next poll, at most MaxPoll. Such
+//     a holder's Release still frees its row, through the pool.
 //   - The MEMORY table holds the rows of held keys and of holders that died
 //     holding one (until the key is taken again or the server restarts);
 //     max_heap_table_size at its creation bounds it (16 MiB, about 45,000
@@ -273,6 +274,8 @@ type Locker struct {
 	idleQueue  []*queueConn   // queue connections kept for reuse
 	queueOut   int            // queue connections out of the pool
 	background sync.WaitGroup // grabs and their holds under way, for Close
+
+	beforeGrab func(first bool) // a test's hook (export_test.go); nil otherwise
 }
 
 // statements are prepared once per Locker, so each costs one round trip:
@@ -507,6 +510,9 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lea
 // hold, which registers it, or frees it if Close began, before Close closes
 // the statements (it waits for both in l.background).
 func (l *Locker) grab(ctx context.Context, key, owner string, qc *queueConn) (grabbed, error) {
+	if l.beforeGrab != nil {
+		l.beforeGrab(qc != nil)
+	}
 	if err := ctx.Err(); err != nil {
 		return grabbed{}, err // a row won now would only be freed again, a turn lost to the next waiter
 	}
@@ -734,13 +740,14 @@ func (l *Locker) remaining(ctx context.Context, key string) (waitState, error) {
 	return ws, err
 }
 
-// free frees our row on a fresh bounded context: cleanup must run even when
-// the caller's ctx is what ended the wait. It is best effort; a row it
-// misses expires within TTL.
-func (l *Locker) free(ctx context.Context, key, owner string) {
+// free frees our row through the pool on a fresh bounded context: cleanup
+// must run even when the caller's ctx is what ended the wait, or when a
+// statement before it used ctx up. A row it misses expires within TTL.
+func (l *Locker) free(ctx context.Context, key, owner string) error {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.TTL/3)
 	defer cancel()
-	l.stmts.Load().free.ExecContext(fctx, key, owner)
+	res, err := l.stmts.Load().free.ExecContext(fctx, key, owner)
+	return rowsOrNotHeld(res, err)
 }
 
 // failedIf is failed for a non-nil err.
@@ -957,7 +964,14 @@ func (s *lease) free(ctx context.Context) error {
 	res, err := qc.free.ExecContext(ctx, s.key, s.owner)
 	err = rowsOrNotHeld(res, err)
 	clean := err == nil // the statement released the named lock
-	if err != nil {
+	switch {
+	case err != nil && !errors.Is(err, locking.ErrNotHeld) && connLost(err):
+		// The connection died while we held the key (a KILL, a proxy's
+		// reset), and its named lock with it; our row is likely still
+		// there, and would block the key for the rest of its lease:
+		// free it through the pool.
+		err = s.locker.free(ctx, s.key, s.owner)
+	case err != nil:
 		// Whether it reached RELEASE_ALL_LOCKS is unknown: make sure.
 		clean = qc.unlock(ctx) == nil
 	}

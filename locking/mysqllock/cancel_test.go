@@ -1,0 +1,177 @@
+package mysqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/mysqllock"
+)
+
+// What an Acquire whose ctx ends leaves behind when a grab is under way
+// (review-6 R6-9): neither case had a test, and the code for each could be
+// taken out with every test still passing.
+
+// A grant won as the caller gives up is freed: the grab statement is never
+// abandoned halfway, so it can land just as ctx ends; its row must then be
+// deleted, or the key stays blocked for a whole TTL with nobody holding
+// it. The grab is held up by a table lock until ctx has ended, then let
+// through.
+func TestGrantAsCallerGivesUpIsFreed(t *testing.T) {
+	dsn := testbed.MySQL(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	const ttl = 30 * time.Second // a row left behind outlives every wait below
+	l := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
+	t.Cleanup(func() { l.Close() })
+	warm, err := l.Acquire(ctx, "warm") // tables, statements, an idle queue connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := openDB(t, dsn)
+	blocker, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close()
+	if _, err := blocker.ExecContext(ctx, "LOCK TABLES oversold_leases WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease locking.Lease
+		err   error
+	}
+	acquired := make(chan result, 1)
+	callerCtx, giveUp := context.WithCancel(ctx)
+	defer giveUp()
+	go func() {
+		s, err := l.Acquire(callerCtx, "sku/given-up")
+		acquired <- result{s, err}
+	}()
+	waitFor(t, func() bool { // the grab waits for the table lock
+		var n int
+		other.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO oversold_leases%' AND STATE LIKE '%lock%'`).Scan(&n)
+		return n > 0
+	})
+	giveUp()
+	if _, err := blocker.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
+		t.Fatal(err)
+	}
+	r := <-acquired
+	if r.err == nil {
+		t.Fatalf("Acquire given up during its grab returned a lease (token %#x) and no error", r.lease.Token())
+	}
+	if !errors.Is(r.err, context.Canceled) {
+		t.Errorf("Acquire given up during its grab: %v, want context.Canceled", r.err)
+	}
+	if n := liveRows(t, other, "sku/given-up"); n != 0 {
+		t.Errorf("the grant won as the caller gave up keeps its row (%d): the key is blocked for a TTL", n)
+	}
+	rival := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
+	t.Cleanup(func() { rival.Close() })
+	rctx, rcancel := context.WithTimeout(ctx, ttl/2)
+	defer rcancel()
+	lease, err := rival.Acquire(rctx, "sku/given-up")
+	if err != nil {
+		t.Fatalf("a rival after the caller gave up: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A waiter first in line whose ctx ended as it was woken sends no grab
+// (review-5 R5-6): a row it won would only be deleted again, a turn lost
+// to the next waiter. The test's hook ends ctx as the woken waiter's grab
+// begins; no grant may then be made, which the next token shows: every
+// grant in the test's database is the test's, and seq counts them all.
+func TestCancelledWaiterSendsNoGrab(t *testing.T) {
+	dsn := testbed.MySQL(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	const ttl = 30 * time.Second
+	holder := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
+	t.Cleanup(func() { holder.Close() })
+	waiter := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
+	t.Cleanup(func() { waiter.Close() })
+	// The waiter learns the epoch first: a grab with none would fail on
+	// the server without a grant, mutant or not.
+	warm, err := waiter.Acquire(ctx, "warm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, giveUp := context.WithCancel(ctx)
+	defer giveUp()
+	var woken atomic.Int32
+	mysqllock.BeforeGrab(waiter, func(first bool) {
+		if !first { // the grab after its wait in line
+			woken.Add(1)
+			giveUp()
+		}
+	})
+	held, err := holder.Acquire(ctx, "sku/woken")
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 1)
+	go func() {
+		lease, err := waiter.Acquire(waitCtx, "sku/woken")
+		if err == nil {
+			lease.Release(ctx)
+		}
+		errs <- err
+	}()
+	db := openDB(t, dsn)
+	waitFor(t, func() bool { // the waiter is in line, first
+		var n int
+		db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+WHERE DB = DATABASE() AND INFO LIKE 'SELECT GET_LOCK%' AND STATE = 'User lock'`).Scan(&n)
+		return n > 0
+	})
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-errs
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("the waiter given up as it was woken: %v, want context.Canceled", err)
+	}
+	if n := woken.Load(); n != 1 {
+		t.Fatalf("the waiter began %d grabs after its wait in line, want 1: the test did not end ctx there", n)
+	}
+	if n := liveRows(t, db, "sku/woken"); n != 0 {
+		t.Errorf("the waiter given up as it was woken left its row (%d)", n)
+	}
+	next, err := holder.Acquire(ctx, "sku/woken")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Token() != held.Token()+1 {
+		t.Errorf("token %#x after %#x: %d grants in between, want none (the waiter sent a grab after its ctx ended)",
+			next.Token(), held.Token(), next.Token()-held.Token()-1)
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// liveRows counts the key's rows whose lease has not run out.
+func liveRows(t *testing.T, db *sql.DB, key string) (n int) {
+	t.Helper()
+	if err := db.QueryRowContext(t.Context(), `SELECT COUNT(*) FROM oversold_leases
+WHERE lock_key = ? AND expires_at >= UTC_TIMESTAMP(6)`, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
