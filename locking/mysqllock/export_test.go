@@ -9,8 +9,8 @@ var QueueName = queueName
 // owner's prefix): a grant without it barged past the queue.
 func Queued(l locking.Lease) bool { return l.(*lease).owner[0] == queuedOwner }
 
-// CheckTopology exposes the supported-topology decision to the tests.
-var CheckTopology = checkTopology
+// CheckSettings exposes the decision on the server's settings to the tests.
+var CheckSettings = checkSettings
 
 // Closed says whether Close has begun.
 func Closed(l *Locker) bool {

@@ -52,8 +52,9 @@
 // epoch it builds its token from and the INSERT takes place only if the
 // boot row has that epoch: tokens of a later run are larger than any of
 // an earlier run, across a crash too, as long as commits are flushed
-// (innodb_flush_log_at_trx_commit=1, the default). 2^40 grants fit in one
-// server run; past that Acquire fails until a restart.
+// (innodb_flush_log_at_trx_commit=1, the default, and sync_binlog=1 with
+// the binary log on: a server without them is refused, server.go). 2^40
+// grants fit in one server run; past that Acquire fails until a restart.
 //
 // Do not TRUNCATE oversold_leases, or ALTER its AUTO_INCREMENT, by hand:
 // seq would start again within a run and tokens repeat. Deleting rows is
@@ -74,12 +75,17 @@
 //     learns at its next renewal, within TTL/3), so fence writes. Tokens do
 //     not depend on the clock.
 //   - The database restarts: every lease is gone with the MEMORY table. No
-//     key is granted for one TTL (of the Locker that makes the run's boot
-//     row) after the boot row is made, so that every holder from before the
-//     restart has seen its Lost close by its own clock first (its renewals
-//     failed meanwhile, or match no row); then tokens continue in the new
-//     epoch. The first run of all (the durable epoch still 0) has nothing
-//     to wait out. Lockers sharing a database should share a TTL.
+//     key is granted for one TTL after the boot row is made, so that every
+//     holder from before the restart has seen its Lost close by its own
+//     clock first (its renewals failed meanwhile, or match no row); then
+//     tokens continue in the new epoch. That TTL is the longest any Locker
+//     on the database ever announced (each writes its own to
+//     oversold_lock_max_ttl, durably, before its first grab), so Lockers
+//     of different TTLs (a rolling change of it) are all waited out. It is
+//     never lowered on its own: after a TTL was shortened everywhere,
+//     UPDATE oversold_lock_max_ttl SET ttl_us = 0, then restart the
+//     Lockers (each announces at its first Acquire). The first run of all
+//     (the durable epoch still 0) has nothing to wait out.
 //   - The database unreachable: Acquire fails with ErrUnavailable; holders
 //     cannot renew, and Lost closes when their validity runs out.
 //   - A failover to a replica is a restart: the lease and boot tables stay
@@ -175,6 +181,11 @@ var createTables = []string{
 	epoch BIGINT UNSIGNED  NOT NULL
 ) ENGINE=InnoDB`,
 	`INSERT IGNORE INTO oversold_lock_epochs (id, epoch) VALUES (1, 0)`,
+	`CREATE TABLE IF NOT EXISTS oversold_lock_max_ttl (
+	id     TINYINT UNSIGNED NOT NULL PRIMARY KEY,
+	ttl_us BIGINT UNSIGNED  NOT NULL
+) ENGINE=InnoDB`,
+	`INSERT IGNORE INTO oversold_lock_max_ttl (id, ttl_us) VALUES (1, 0)`,
 	`CREATE TABLE IF NOT EXISTS oversold_lock_boot (
 	id          TINYINT UNSIGNED NOT NULL PRIMARY KEY,
 	epoch       BIGINT UNSIGNED  NOT NULL,
@@ -222,11 +233,18 @@ FROM oversold_lock_boot WHERE id = 1`
 	// placeBoot makes the run's boot row, epoch 0 (no grab matches it)
 	// until a bumped epoch is set. The first of a run is made before any
 	// bump of the run, so it reads the epoch the previous runs left: 0
-	// when there was none, and then no lease to wait out. Args: grace µs.
+	// when there was none, and then no lease to wait out. The grace is
+	// the longest TTL any Locker announced (announceTTL), so that a holder
+	// of a longer TTL than ours has seen its Lost close too. Args: our
+	// TTL µs.
 	placeBoot = `INSERT IGNORE INTO oversold_lock_boot (id, epoch, grace_until)
-SELECT 1, 0, IF(epoch > 0, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, '1970-01-01')
-FROM oversold_lock_epochs WHERE id = 1`
-	bumpEpoch = `UPDATE oversold_lock_epochs SET epoch = LAST_INSERT_ID(epoch + 1) WHERE id = 1`
+SELECT 1, 0, IF(e.epoch > 0, UTC_TIMESTAMP(6) + INTERVAL GREATEST(?, COALESCE(t.ttl_us, 0)) MICROSECOND, '1970-01-01')
+FROM oversold_lock_epochs e LEFT JOIN oversold_lock_max_ttl t ON t.id = 1 WHERE e.id = 1`
+	// announceTTL raises the longest TTL to ours, durably, before the
+	// Locker's first grab. It is never lowered: a Locker of a longer
+	// TTL may still hold a key. Args: TTL µs, TTL µs.
+	announceTTL = `UPDATE oversold_lock_max_ttl SET ttl_us = ? WHERE id = 1 AND ttl_us < ?`
+	bumpEpoch   = `UPDATE oversold_lock_epochs SET epoch = LAST_INSERT_ID(epoch + 1) WHERE id = 1`
 	// setBoot hands a bumped epoch out, unless another Locker's already
 	// is. Args: epoch.
 	setBoot = `UPDATE oversold_lock_boot SET epoch = ? WHERE id = 1 AND epoch = 0`
@@ -822,8 +840,8 @@ func (l *Locker) prepare(ctx context.Context) error {
 	return nil
 }
 
-// createTables creates the tables, logged: a replica needs them to be
-// promoted (server.go).
+// createTables creates the tables and announces the Locker's TTL, logged:
+// a replica needs them to be promoted (server.go).
 func (l *Locker) createTables(ctx context.Context) error {
 	conn, err := l.db.Conn(ctx)
 	if err != nil {
@@ -839,6 +857,11 @@ func (l *Locker) createTables(ctx context.Context) error {
 			restore()
 			return err
 		}
+	}
+	ttl := l.cfg.TTL.Microseconds()
+	if _, err := conn.ExecContext(ctx, announceTTL, ttl, ttl); err != nil {
+		restore()
+		return err
 	}
 	return restore()
 }

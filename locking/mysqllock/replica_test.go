@@ -26,7 +26,7 @@ func TestReplicaRestartAndFailover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	binlog := func(id string) testbed.Options {
-		return testbed.Options{Args: []string{"--log-bin=mysql-bin", "--server-id=" + id, "--binlog-format=MIXED"}}
+		return testbed.Options{Args: []string{"--log-bin=mysql-bin", "--server-id=" + id, "--binlog-format=MIXED", "--sync-binlog=1"}}
 	}
 	primary := locktest.PrivateServer(t, func(ctx context.Context, _ testbed.Options) (*testbed.Server, error) {
 		return testbed.StartMariaDB(ctx, binlog("1"))

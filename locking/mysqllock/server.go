@@ -98,11 +98,13 @@ func openPool(ctx context.Context, cfg *mysql.Config) (*sql.DB, error) {
 	return db, nil
 }
 
-// checkServer refuses a topology the lock cannot keep exclusion on, and a
-// pool whose statements would reach the binary log.
+// checkServer refuses a topology the lock cannot keep exclusion on, a
+// server that may lose a commit in a crash, and a pool whose statements
+// would reach the binary log.
 func checkServer(ctx context.Context, db *sql.DB) error {
 	rows, err := db.QueryContext(ctx, `SHOW GLOBAL VARIABLES
-WHERE Variable_name IN ('wsrep_on', 'group_replication_group_name')`)
+WHERE Variable_name IN ('wsrep_on', 'group_replication_group_name',
+	'innodb_flush_log_at_trx_commit', 'log_bin', 'sync_binlog')`)
 	if err != nil {
 		return err
 	}
@@ -122,13 +124,27 @@ WHERE Variable_name IN ('wsrep_on', 'group_replication_group_name')`)
 	if err := db.QueryRowContext(ctx, `SELECT @@GLOBAL.log_bin AND @@SESSION.sql_log_bin`).Scan(&logs); err != nil {
 		return err
 	}
-	return checkTopology(vars, logs)
+	return checkSettings(vars, logs)
 }
 
-// checkTopology is checkServer's decision, from the server's wsrep_on and
-// group_replication_group_name (absent when not there) and whether the
+// checkSettings is checkServer's decision, from the server's global
+// variables (SHOW GLOBAL VARIABLES: wsrep_on and
+// group_replication_group_name, absent when not there;
+// innodb_flush_log_at_trx_commit, log_bin, sync_binlog) and whether the
 // pool's statements are logged.
-func checkTopology(vars map[string]string, logs bool) error {
+//
+// Tokens keep growing across restarts only if the epoch bump survives a
+// crash (package doc, Token): a lost bump is made again with the same
+// number, and the lost run's tokens are handed out a second time, below
+// fences written meanwhile (409s until seq passes them) or equal to
+// them. So commits must be flushed: innodb_flush_log_at_trx_commit 1 (the
+// default) or 3 (MariaDB); 0 loses the last second in a crash of mysqld, 2
+// in one of the host. With the binary log on, MariaDB recovers a commit
+// from the binlog (it does not flush InnoDB's commit record), and MySQL
+// rolls back a prepared transaction its binlog lacks: sync_binlog must be
+// 1 (MySQL 8's default, not MariaDB's).
+func checkSettings(vars map[string]string, logs bool) error {
+	flush := vars["innodb_flush_log_at_trx_commit"]
 	switch {
 	case vars["wsrep_on"] == "ON":
 		return errors.New("Galera (wsrep_on=ON) is not supported: the lease table is a MEMORY table, which Galera does not replicate, " +
@@ -136,6 +152,12 @@ func checkTopology(vars map[string]string, logs bool) error {
 	case vars["group_replication_group_name"] != "":
 		return errors.New("Group Replication is not supported: it refuses writes to the lease table, a MEMORY table; " +
 			"use one primary with asynchronous replicas")
+	case flush != "1" && flush != "3":
+		return fmt.Errorf("innodb_flush_log_at_trx_commit=%s: the lock's epoch, which keeps tokens growing across restarts, "+
+			"could be lost in a crash and tokens repeat; set innodb_flush_log_at_trx_commit=1 (the default)", flush)
+	case vars["log_bin"] == "ON" && vars["sync_binlog"] != "1":
+		return fmt.Errorf("sync_binlog=%s with the binary log on: a commit survives a crash of the host only once its binlog event is synced, "+
+			"so the lock's epoch could be lost and tokens repeat; set sync_binlog=1", vars["sync_binlog"])
 	case logs:
 		return errors.New("the binary log is on and the pool's statements are logged: the lock's MEMORY tables must stay out of it " +
 			"(a replica restart would stop replication); open the pool with mysqllock.OpenDB, or add sql_log_bin=0 to the DSN")
