@@ -27,45 +27,12 @@ func TestGrantAsCallerGivesUpIsFreed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	const ttl = 30 * time.Second // a row left behind outlives every wait below
-	l := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
-	t.Cleanup(func() { l.Close() })
-	warm, err := l.Acquire(ctx, "warm") // tables, statements, an idle queue connection
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	other := openDB(t, dsn)
-	blocker, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Close()
-	if _, err := blocker.ExecContext(ctx, "LOCK TABLES oversold_leases WRITE"); err != nil {
-		t.Fatal(err)
-	}
-	type result struct {
-		lease locking.Lease
-		err   error
-	}
-	acquired := make(chan result, 1)
+	l := lockerWithTTL(t, dsn, ttl)
 	callerCtx, giveUp := context.WithCancel(ctx)
 	defer giveUp()
-	go func() {
-		s, err := l.Acquire(callerCtx, "sku/given-up")
-		acquired <- result{s, err}
-	}()
-	waitFor(t, func() bool { // the grab waits for the table lock
-		var n int
-		other.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
-WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO oversold_leases%' AND STATE LIKE '%lock%'`).Scan(&n)
-		return n > 0
-	})
+	unlock, acquired := acquireHeldUp(t, callerCtx, l, dsn, "sku/given-up")
 	giveUp()
-	if _, err := blocker.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	r := <-acquired
 	if r.err == nil {
 		t.Fatalf("Acquire given up during its grab returned a lease (token %#x) and no error", r.lease.Token())
@@ -73,20 +40,64 @@ WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO oversold_leases%' AND STATE LIK
 	if !errors.Is(r.err, context.Canceled) {
 		t.Errorf("Acquire given up during its grab: %v, want context.Canceled", r.err)
 	}
-	if n := liveRows(t, other, "sku/given-up"); n != 0 {
+	if n := liveRows(t, openDB(t, dsn), "sku/given-up"); n != 0 {
 		t.Errorf("the grant won as the caller gave up keeps its row (%d): the key is blocked for a TTL", n)
 	}
-	rival := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
-	t.Cleanup(func() { rival.Close() })
 	rctx, rcancel := context.WithTimeout(ctx, ttl/2)
 	defer rcancel()
-	lease, err := rival.Acquire(rctx, "sku/given-up")
+	lease, err := lockerWithTTL(t, dsn, ttl).Acquire(rctx, "sku/given-up")
 	if err != nil {
 		t.Fatalf("a rival after the caller gave up: %v", err)
 	}
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+type acquired struct {
+	lease locking.Lease
+	err   error
+}
+
+// acquireHeldUp starts l.Acquire(ctx, key), l on the database of dsn, with
+// its grab held up by a table lock, and returns once the grab waits for it:
+// unlock lets it through, and the Acquire's result then comes on the
+// channel. l has granted nothing yet; a first turn on another key makes
+// the tables, the statements and an idle queue connection.
+func acquireHeldUp(t *testing.T, ctx context.Context, l *mysqllock.Locker, dsn, key string) (unlock func(), result <-chan acquired) {
+	t.Helper()
+	warm, err := l.Acquire(ctx, "warm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := openDB(t, dsn)
+	blocker, err := other.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { blocker.Close() })
+	if _, err := blocker.ExecContext(t.Context(), "LOCK TABLES oversold_leases WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan acquired, 1)
+	go func() {
+		s, err := l.Acquire(ctx, key)
+		res <- acquired{s, err}
+	}()
+	waitFor(t, func() bool { // the grab waits for the table lock
+		var n int
+		other.QueryRowContext(t.Context(), `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO oversold_leases%' AND STATE LIKE '%lock%'`).Scan(&n)
+		return n > 0
+	})
+	return func() {
+		if _, err := blocker.ExecContext(t.Context(), "UNLOCK TABLES"); err != nil {
+			t.Fatal(err)
+		}
+	}, res
 }
 
 // A waiter first in line whose ctx ended as it was woken sends no grab
@@ -99,10 +110,7 @@ func TestCancelledWaiterSendsNoGrab(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	const ttl = 30 * time.Second
-	holder := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
-	t.Cleanup(func() { holder.Close() })
-	waiter := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
-	t.Cleanup(func() { waiter.Close() })
+	holder, waiter := lockerWithTTL(t, dsn, ttl), lockerWithTTL(t, dsn, ttl)
 	// The waiter learns the epoch first: a grab with none would fail on
 	// the server without a grant, mutant or not.
 	warm, err := waiter.Acquire(ctx, "warm")
@@ -164,6 +172,15 @@ WHERE DB = DATABASE() AND INFO LIKE 'SELECT GET_LOCK%' AND STATE = 'User lock'`)
 	if err := next.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// lockerWithTTL opens a Locker of ttl on a pool of its own, both closed
+// when the test ends.
+func lockerWithTTL(t *testing.T, dsn string, ttl time.Duration) *mysqllock.Locker {
+	t.Helper()
+	l := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // liveRows counts the key's rows whose lease has not run out.

@@ -2,14 +2,12 @@ package mysqllock_test
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
-	"github.com/oversold-lab/oversold/locking/mysqllock"
 )
 
 // The grace after a restart covers the longest TTL of any Locker on the
@@ -35,19 +33,7 @@ func TestRestartGraceCoversLongestTTL(t *testing.T) {
 	}
 	t.Cleanup(proxy.Close)
 	cfg.Addr = proxy.Addr()
-	open := func(dsn string, ttl time.Duration) *mysqllock.Locker {
-		db, err := sql.Open("mysql", dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l := mysqllock.New(db, mysqllock.Config{TTL: ttl})
-		t.Cleanup(func() {
-			l.Close()
-			db.Close()
-		})
-		return l
-	}
-	holder, rival := open(cfg.FormatDSN(), long), open(dsn, short)
+	holder, rival := lockerWithTTL(t, cfg.FormatDSN(), long), lockerWithTTL(t, dsn, short)
 	// The rival runs before the restart too: the longest TTL is what any
 	// Locker announced, whichever makes the boot row.
 	lease, err := rival.Acquire(ctx, "sku/other")

@@ -21,9 +21,7 @@ func TestReleaseAfterQueueConnectionKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	const ttl = 30 * time.Second // far longer than any wait below: a row left behind fails the test
-	holder := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
-	t.Cleanup(func() { holder.Close() })
-	lease, err := holder.Acquire(ctx, "sku/killed")
+	lease, err := lockerWithTTL(t, dsn, ttl).Acquire(ctx, "sku/killed")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,12 +48,10 @@ func TestReleaseAfterQueueConnectionKilled(t *testing.T) {
 		t.Errorf("the released key keeps its row (%d): blocked for the rest of its %v lease", n, ttl)
 	}
 	// A rival gets it without waiting for the lease to run out.
-	rival := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
-	t.Cleanup(func() { rival.Close() })
 	rctx, rcancel := context.WithTimeout(ctx, ttl/2)
 	defer rcancel()
 	began := time.Now()
-	r, err := rival.Acquire(rctx, "sku/killed")
+	r, err := lockerWithTTL(t, dsn, ttl).Acquire(rctx, "sku/killed")
 	if err != nil {
 		t.Fatalf("a rival after the release: %v", err)
 	}

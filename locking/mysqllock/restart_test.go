@@ -25,19 +25,7 @@ func TestRestartKeepsTokensAndExclusion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	const ttl = 6 * time.Second
-	open := func() *mysqllock.Locker {
-		db, err := sql.Open("mysql", dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l := mysqllock.New(db, mysqllock.Config{TTL: ttl})
-		t.Cleanup(func() {
-			l.Close()
-			db.Close()
-		})
-		return l
-	}
-	holder, rival := open(), open()
+	holder, rival := lockerWithTTL(t, dsn, ttl), lockerWithTTL(t, dsn, ttl)
 	var before uint64
 	for range 3 { // tokens of released grants count too
 		lease, err := holder.Acquire(ctx, "sku/other")

@@ -100,59 +100,21 @@ func TestGrantDuringCloseIsFreed(t *testing.T) {
 	dsn := testbed.MySQL(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	db := openDB(t, dsn)
-	l := mysqllock.New(db, mysqllock.Config{TTL: 30 * time.Second})
-	warm, err := l.Acquire(ctx, "warm") // tables, statements, an idle queue connection
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	other := openDB(t, dsn)
-	blocker, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Close()
-	if _, err := blocker.ExecContext(ctx, "LOCK TABLES oversold_leases WRITE"); err != nil {
-		t.Fatal(err)
-	}
-	type result struct {
-		lease locking.Lease
-		err   error
-	}
-	acquired := make(chan result, 1)
-	go func() {
-		s, err := l.Acquire(ctx, "sku/closing")
-		acquired <- result{s, err}
-	}()
-	waitFor(t, func() bool { // the grab waits for the table lock
-		var n int
-		other.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
-WHERE INFO LIKE 'INSERT INTO oversold_leases%' AND STATE LIKE '%lock%'`).Scan(&n)
-		return n > 0
-	})
+	l := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: 30 * time.Second})
+	unlock, acquired := acquireHeldUp(t, ctx, l, dsn, "sku/closing")
 	closed := make(chan struct{})
 	go func() {
 		l.Close()
 		close(closed)
 	}()
 	waitFor(t, func() bool { return mysqllock.Closed(l) })
-	if _, err := blocker.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	r := <-acquired
 	<-closed
 	if r.err == nil {
 		t.Errorf("Acquire during Close returned a lease (token %#x) and no error", r.lease.Token())
 	}
-	var n int
-	if err := other.QueryRowContext(ctx, `SELECT COUNT(*) FROM oversold_leases
-WHERE lock_key = 'sku/closing' AND expires_at >= UTC_TIMESTAMP(6)`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 0 {
+	if n := liveRows(t, openDB(t, dsn), "sku/closing"); n != 0 {
 		t.Errorf("the grant that landed during Close keeps its row (%d): the key is blocked for a TTL", n)
 	}
 	t.Logf("Acquire during Close: %v", r.err)
