@@ -111,7 +111,7 @@ func TestNewLockServersGetANewEpoch(t *testing.T) {
 			}
 			epoch := func() uint64 {
 				t.Helper()
-				_, _, e, err := f.store.Fences(ctx)
+				_, e, err := f.store.Fences(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}

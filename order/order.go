@@ -97,9 +97,10 @@ type Store interface {
 	Heartbeat(ctx context.Context, r storage.Replica) error
 	RemoveReplica(ctx context.Context, instance string) error
 	LiveReplicas(ctx context.Context, within time.Duration) ([]storage.Replica, error)
-	// AdoptFences and Fences: see storage.Store.
-	AdoptFences(ctx context.Context, lock, id string) (epoch uint64, reset bool, err error)
-	Fences(ctx context.Context) (lock, id string, epoch uint64, err error)
+	// AdoptFences, ReclaimFences and Fences: see storage.Store.
+	AdoptFences(ctx context.Context, f storage.Fleet) (epoch uint64, reset bool, err error)
+	ReclaimFences(ctx context.Context, f storage.Fleet, held uint64) (epoch uint64, superseded bool, err error)
+	Fences(ctx context.Context) (f storage.Fleet, epoch uint64, err error)
 }
 
 // Cache is the stock cache of steps 3 and 7 (inventory.Cache).

@@ -69,14 +69,15 @@ func (s *Service) Start(ctx context.Context) error {
 		return fmt.Errorf("%w: %s", ErrMixedSettings, strings.Join(mixed, "; "))
 	}
 	// Alone with its settings now, it may take the fences over from
-	// another backend's tokens, or other servers' of its own.
-	epoch, reset, err := s.store.AdoptFences(ctx, s.cfg.Lock, id)
+	// another backend's tokens, other servers' of its own, or another
+	// guard's writes.
+	epoch, reset, err := s.store.AdoptFences(ctx, s.fleet())
 	if err != nil {
-		return fmt.Errorf("adopt fences for lock %q: %w", s.cfg.Lock, err)
+		return fmt.Errorf("adopt fences for lock %q guard %q: %w", s.cfg.Lock, s.cfg.Guard, err)
 	}
 	s.epoch.Store(epoch)
 	if reset {
-		s.log.Warn("the lock backend or its servers changed: fences moved to a new epoch", "lock", s.cfg.Lock, "lock_id", id, "epoch", epoch)
+		s.log.Warn("the lock backend, its servers or the guard changed: fences moved to a new epoch", "lock", s.cfg.Lock, "lock_id", id, "guard", s.cfg.Guard, "epoch", epoch)
 	}
 	s.heartbeat.Go(s.sweepLoop)
 	s.heartbeat.Go(func() {
@@ -89,32 +90,97 @@ func (s *Service) Start(ctx context.Context) error {
 			case <-t.C:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), heartbeatEvery)
-			if err := s.store.Heartbeat(ctx, s.replica()); err != nil {
-				s.log.Warn("replica heartbeat failed", "err", err)
+			err := s.followFences(ctx)
+			if err == nil {
+				if err := s.store.Heartbeat(ctx, s.replica()); err != nil {
+					s.log.Warn("replica heartbeat failed", "err", err)
+				}
 			}
-			s.refreshEpoch(ctx)
 			cancel()
+			if err != nil {
+				s.withdraw(err)
+				return
+			}
 		}
 	})
 	return nil
 }
 
-// refreshEpoch takes the fences' epoch when they count in this replica's
-// backend's tokens, on its servers: the fleet may have left the backend
-// and come back to it (a new epoch) while this replica was frozen. Under
-// another backend's epoch, or other servers', it keeps its own, which the
-// fences refuse: 409 lock_lost, as a lost lease, while /readyz takes it
-// out of the balancer (checkPeers). It never reads the identity again: a
-// replica whose servers lost their data while it ran (a Redis restarted
-// without persistence) stays on its epoch until it restarts
-// (deploy/k8s/README.md, "Rolling updates").
-func (s *Service) refreshEpoch(ctx context.Context) {
-	lock, id, epoch, err := s.store.Fences(ctx)
+// followFences reads which fleet the fences belong to, before each
+// heartbeat. Its own fleet's epoch it takes: the fleet may have left these
+// settings and come back to them (a new epoch) while this replica was
+// frozen. Another fleet's at an epoch above its own means that fleet
+// started after this replica's row had lapsed (frozen, or cut off from
+// MySQL, past the liveness window) and adopted the fences: this replica is
+// superseded, and followFences says why. Anything else (another fleet at
+// an epoch not above its own, its own below it) is meta that lost this
+// replica's adoption, in a failover or a restore: it adopts again
+// (storage.Store.ReclaimFences), or no replica of its settings would be
+// ready again, nor a straggler of the fleet meta names refused.
+func (s *Service) followFences(ctx context.Context) error {
+	fleet, epoch, err := s.store.Fences(ctx)
+	if err != nil {
+		s.log.Warn("fence epoch unread", "err", err)
+		return nil
+	}
+	own := s.epoch.Load()
+	switch {
+	case fleet == s.fleet() && epoch >= own:
+		if epoch > own {
+			s.epoch.Store(epoch)
+			s.log.Warn("the fences moved to a new epoch of this replica's settings", "lock", s.cfg.Lock, "guard", s.cfg.Guard, "epoch", epoch)
+		}
+		return nil
+	case fleet != s.fleet() && epoch > own:
+		return s.supersededBy(fleet, epoch)
+	}
+	epoch, superseded, err := s.store.ReclaimFences(ctx, s.fleet(), own)
 	switch {
 	case err != nil:
+		s.log.Warn("adopting the fences again failed", "err", err)
+	case superseded: // another fleet adopted them since the read
+		if fleet, epoch, err = s.store.Fences(ctx); err == nil {
+			return s.supersededBy(fleet, epoch)
+		}
 		s.log.Warn("fence epoch unread", "err", err)
-	case s.ownsFences(lock, id) && epoch != s.epoch.Swap(epoch):
-		s.log.Warn("the fences moved to a new epoch of this replica's backend", "lock", s.cfg.Lock, "epoch", epoch)
+	default:
+		s.epoch.Store(epoch)
+		s.log.Warn("the fences had lost this replica's adoption (a failover or a restore): adopted again",
+			"lock", s.cfg.Lock, "guard", s.cfg.Guard, "epoch", epoch, "was_lock", fleet.Lock, "was_guard", fleet.Guard)
+	}
+	return nil
+}
+
+// supersededBy says why this replica withdraws: ErrMixedSettings, as a
+// refused newcomer's, naming the fleet the fences belong to.
+func (s *Service) supersededBy(fleet storage.Fleet, epoch uint64) error {
+	return fmt.Errorf("%w: %s", ErrMixedSettings, s.whySuperseded(fleet, epoch))
+}
+
+func (s *Service) whySuperseded(fleet storage.Fleet, epoch uint64) string {
+	why := fmt.Sprintf("superseded: the fences belong to lock=%s guard=%s (epoch %d), this replica runs lock=%s guard=%s (epoch %d)",
+		fleet.Lock, fleet.Guard, epoch, s.cfg.Lock, s.cfg.Guard, s.epoch.Load())
+	if fleet.Lock == s.cfg.Lock && fleet.LockID != s.ownLockID() {
+		why += fmt.Sprintf(" on other lock servers (the fences' %s, its own %s)", fleet.LockID, s.ownLockID())
+	}
+	return why + ": restart it with the fleet's settings"
+}
+
+// withdraw takes a superseded replica out of the replicas table for good:
+// its heartbeat and sweeper stop, so replicas of the current fleet start
+// again (a newcomer's Start counts every live row), and its /readyz stays
+// 503 naming why. It goes on answering, unready: it does not exit, since
+// its restart with the same settings would either be refused as a
+// newcomer (another lock or guard) or, on other servers of the same lock,
+// adopt the fences back from the fleet that superseded it. Its fenced
+// writes are refused; an operator restarts it with the fleet's settings.
+func (s *Service) withdraw(why error) {
+	s.log.Error("withdrawing this replica", "err", why)
+	close(s.withdrawn)
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	if err := s.store.RemoveReplica(ctx, s.cfg.Instance); err != nil {
+		s.log.Warn("withdrawing replica failed: its row lapses in 15 s", "err", err)
 	}
 }
 
@@ -135,6 +201,19 @@ func (s *Service) Close() error {
 
 func (s *Service) replica() storage.Replica {
 	return storage.Replica{Instance: s.cfg.Instance, Lock: s.cfg.Lock, Guard: string(s.cfg.Guard)}
+}
+
+// fleet is this replica's settings, as the fences record them.
+func (s *Service) fleet() storage.Fleet {
+	return storage.Fleet{Lock: s.cfg.Lock, LockID: s.ownLockID(), Guard: string(s.cfg.Guard)}
+}
+
+// ownLockID is the identity Start read ("" before Start).
+func (s *Service) ownLockID() string {
+	if id := s.lockID.Load(); id != nil {
+		return *id
+	}
+	return ""
 }
 
 // readyz: GET /readyz. 200 when MySQL and the lock backend answer and no
@@ -204,10 +283,10 @@ func (s *Service) probeLock(ctx context.Context) error {
 // before this one: only the newcomer of a mixed pair is unready, so the
 // replicas serving stay in the balancer. Start refuses such a newcomer; this
 // catches what Start could not see (a replica whose heartbeats had lapsed,
-// paused or cut off from MySQL, that comes back). It also fails when the
-// fences count in another backend's tokens, or other servers' of its
-// own: the fleet moved there while this replica was away (or ran on), so
-// its fenced writes are refused and it must restart with the fleet's lock.
+// paused or cut off from MySQL, that comes back). It also fails when this
+// replica is superseded: another fleet adopted the fences at a later epoch
+// while it was away, so its fenced writes are refused, and its heartbeat
+// withdraws it.
 func (s *Service) checkPeers(ctx context.Context) error {
 	mixed, err := s.mixedPeers(ctx, true)
 	if err != nil {
@@ -223,27 +302,21 @@ func (s *Service) checkPeers(ctx context.Context) error {
 // mixedPeers describes the live replicas of this database that run another
 // lock or guard; with olderOnly, only those that started before this one
 // (by started_at, then instance name; a replica whose own row is missing is
-// the newest). With olderOnly (/readyz), a replica whose lock, or lock
-// servers (their identity), the fences no longer count in is superseded (its own checkPeers says so): it does
-// not count against the fleet of the fences' backend, or one straggler that
-// comes back would take that whole fleet out of the balancer. Start still
-// counts it: the fences' backend may be the name a rival newcomer has not
-// yet replaced (two newcomers at once must not both start), so a newcomer
-// waits until the straggler is gone.
+// the newest). With olderOnly (/readyz), a replica of the fleet the fences
+// belong to counts no other: one with other settings is a straggler the
+// fences superseded (its own checkPeers says so, and its next heartbeat
+// withdraws it), which would otherwise take the whole fleet out of the
+// balancer. Start still counts it: the fences may name settings a rival
+// newcomer is about to replace (two newcomers at once must not both
+// start), so a newcomer waits until the straggler has withdrawn.
 func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, error) {
-	fences, fencesID, _, err := s.store.Fences(ctx)
+	fleet, epoch, err := s.store.Fences(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var mixed []string
-	switch {
-	case !olderOnly || fences == "" || s.ownsFences(fences, fencesID):
-	case fences != s.cfg.Lock:
-		mixed = append(mixed, fmt.Sprintf("the fences count in lock=%s tokens, this replica runs lock=%s: superseded, restart it with the fleet's lock",
-			fences, s.cfg.Lock))
-	default:
-		mixed = append(mixed, fmt.Sprintf("the fences count in tokens of lock=%s servers %s, this replica's are %s: superseded, restart it",
-			fences, fencesID, s.ownLockID()))
+	if olderOnly && fleet != s.fleet() && epoch > s.epoch.Load() {
+		mixed = append(mixed, s.whySuperseded(fleet, epoch))
 	}
 	peers, err := s.store.LiveReplicas(ctx, liveWithin)
 	if err != nil {
@@ -259,7 +332,7 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard)) {
 			continue
 		}
-		if olderOnly && s.ownsFences(fences, fencesID) && p.Lock != fences {
+		if olderOnly && fleet == s.fleet() {
 			continue // superseded
 		}
 		if olderOnly && self >= 0 && !older(p, peers[self]) {
@@ -277,18 +350,4 @@ func older(a, b storage.Replica) bool {
 		return a.StartedAt.Before(b.StartedAt)
 	}
 	return a.Instance < b.Instance
-}
-
-// ownLockID is the identity Start read ("" before Start).
-func (s *Service) ownLockID() string {
-	if id := s.lockID.Load(); id != nil {
-		return *id
-	}
-	return ""
-}
-
-// ownsFences reports whether fences recorded for lock, on the servers
-// with identity id, count in this replica's tokens.
-func (s *Service) ownsFences(lock, id string) bool {
-	return lock == s.cfg.Lock && id == s.ownLockID()
 }

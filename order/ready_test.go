@@ -131,7 +131,7 @@ func TestLockSwitchResetsFences(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := t.Context()
-	if _, _, err := f.store.AdoptFences(ctx, "zookeeper", ""); err != nil {
+	if _, _, err := f.store.AdoptFences(ctx, storage.Fleet{Lock: "zookeeper", Guard: "fencing"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.store.PutInventory(ctx, storage.Put{SKU: "switch", Stock: 10, Token: 1 << 33}); err != nil {
@@ -169,7 +169,7 @@ func TestLockSwitchResetsFences(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, reset, err := f.store.AdoptFences(ctx, "redis", id); err != nil || reset {
+	if _, reset, err := f.store.AdoptFences(ctx, storage.Fleet{Lock: "redis", LockID: id, Guard: "fencing"}); err != nil || reset {
 		t.Errorf("a second redis replica: reset %v, err %v; want no reset", reset, err)
 	}
 }

@@ -143,13 +143,17 @@ type Service struct {
 	loads  singleflight.Group // concurrent reads of one SKU share one query
 	skus   knownSKUs          // SKUs seen in MySQL: they are never deleted
 
-	// epoch is the fence epoch of cfg.Lock (storage.Store.AdoptFences),
-	// carried with the token by every fenced write.
+	// epoch is the fence epoch of this replica's settings
+	// (storage.Store.AdoptFences), carried with the token by every fenced
+	// write.
 	epoch atomic.Uint64
 	// lockID is the identity of the lock servers' data
 	// (locking.IdentityOf), read once by Start: the fences are this
 	// replica's while they name cfg.Lock and it.
 	lockID atomic.Pointer[string]
+	// withdrawn is closed when this replica withdraws, superseded by
+	// another fleet (ready.go): its sweeper stops.
+	withdrawn chan struct{}
 
 	stopOnce  sync.Once
 	stop      chan struct{} // ends the heartbeat
@@ -190,15 +194,16 @@ func New(store Store, cache Cache, locker Locker, cfg Config) *Service {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Service{
-		store:   store,
-		cache:   cache,
-		locker:  locker,
-		cfg:     cfg,
-		log:     log.With("instance", cfg.Instance),
-		metrics: cfg.Metrics,
-		admin:   sha256.Sum256([]byte(cfg.AdminToken)),
-		stop:    make(chan struct{}),
-		queues:  queues{m: map[string][]*pending{}},
+		store:     store,
+		cache:     cache,
+		locker:    locker,
+		cfg:       cfg,
+		log:       log.With("instance", cfg.Instance),
+		metrics:   cfg.Metrics,
+		admin:     sha256.Sum256([]byte(cfg.AdminToken)),
+		stop:      make(chan struct{}),
+		withdrawn: make(chan struct{}),
+		queues:    queues{m: map[string][]*pending{}},
 	}
 	s.handler = s.routes()
 	return s

@@ -34,13 +34,16 @@ const (
 	sweeperKey = "sweeper"
 )
 
-// sweepLoop runs a pass every SweepInterval until Close.
+// sweepLoop runs a pass every SweepInterval until Close, or until this
+// replica withdraws.
 func (s *Service) sweepLoop() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
 		select {
 		case <-s.stop:
+			cancel()
+		case <-s.withdrawn:
 			cancel()
 		case <-ctx.Done():
 		}

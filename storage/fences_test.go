@@ -3,6 +3,7 @@ package storage_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,9 +13,9 @@ import (
 )
 
 // TestAdoptFences: the fences (a SKU's, and the fences table's) move to a
-// new epoch when the fleet moves to another backend, or to other servers
+// new epoch when the fleet moves to another backend, to other servers
 // of the same one (another identity: review-5 R5-3, a new ensemble whose
-// zxids start below the old one's), and only then; a backend that comes
+// zxids start below the old one's), or to another guard, and only then; a backend that comes
 // back gets a new epoch again, so its sweeper passes with a counter that
 // started again from 1. A database that recorded only the name (before
 // identities) adopts the identity without a new epoch. Fences reads what
@@ -39,46 +40,48 @@ func TestAdoptFences(t *testing.T) {
 		}
 		return inv.FenceEpoch, inv.Fence
 	}
+	fleet := func(lock, id, guard string) storage.Fleet { return storage.Fleet{Lock: lock, LockID: id, Guard: guard} }
 	for _, step := range []struct {
-		lock, id         string
+		fleet            storage.Fleet
 		epoch            uint64
 		reset            bool
 		wantEpoch, token uint64
 	}{
-		{"zookeeper", "A", 0, false, 0, 1 << 33}, // first record: adopted as it stands
-		{"zookeeper", "A", 0, false, 0, 1 << 33}, // the same ensemble (restarted or not)
-		{"zookeeper", "B", 1, true, 1, 0},        // a new ensemble under the same name
-		{"zookeeper", "B", 1, false, 1, 0},
-		{"redis", "R", 2, true, 2, 0},
-		{"redis", "R", 2, false, 2, 0},
-		{"redis", "", 3, true, 3, 0}, // (a name alone is an identity too)
-		{"zookeeper", "B", 4, true, 4, 0},
+		{fleet("zookeeper", "A", "fencing"), 0, false, 0, 1 << 33}, // first record: adopted as it stands
+		{fleet("zookeeper", "A", "fencing"), 0, false, 0, 1 << 33}, // the same ensemble (restarted or not)
+		{fleet("zookeeper", "B", "fencing"), 1, true, 1, 0},        // a new ensemble under the same name
+		{fleet("zookeeper", "B", "fencing"), 1, false, 1, 0},
+		{fleet("redis", "R", "fencing"), 2, true, 2, 0},
+		{fleet("redis", "R", "fencing"), 2, false, 2, 0},
+		{fleet("redis", "", "fencing"), 3, true, 3, 0}, // (a name alone is an identity too)
+		{fleet("redis", "", "version"), 4, true, 4, 0}, // a guard switch (review-6 R6-6)
+		{fleet("zookeeper", "B", "fencing"), 5, true, 5, 0},
 	} {
-		epoch, reset, err := s.AdoptFences(ctx, step.lock, step.id)
+		epoch, reset, err := s.AdoptFences(ctx, step.fleet)
 		if err != nil {
 			t.Fatal(err)
 		}
 		e, tok := fence()
 		if epoch != step.epoch || reset != step.reset || e != step.wantEpoch || tok != step.token {
-			t.Errorf("AdoptFences(%q, %q): epoch %d, reset %v, fence (%d, %d); want %d, %v, (%d, %d)",
-				step.lock, step.id, epoch, reset, e, tok, step.epoch, step.reset, step.wantEpoch, step.token)
+			t.Errorf("AdoptFences(%+v): epoch %d, reset %v, fence (%d, %d); want %d, %v, (%d, %d)",
+				step.fleet, epoch, reset, e, tok, step.epoch, step.reset, step.wantEpoch, step.token)
 		}
-		if lock, id, got, err := s.Fences(ctx); err != nil || lock != step.lock || id != step.id || got != step.epoch {
-			t.Errorf("Fences after adopting %q, %q: %q, %q, %d, %v; want epoch %d", step.lock, step.id, lock, id, got, err, step.epoch)
+		if got, e, err := s.Fences(ctx); err != nil || got != step.fleet || e != step.epoch {
+			t.Errorf("Fences after adopting %+v: %+v, %d, %v; want epoch %d", step.fleet, got, e, err, step.epoch)
 		}
 	}
-	if _, _, err := sweep(ctx, s, again, 4, 1); err != nil {
-		t.Errorf("zookeeper's sweeper back at epoch 4, its counter from 1 again: %v", err)
+	if _, _, err := sweep(ctx, s, again, 5, 1); err != nil {
+		t.Errorf("zookeeper's sweeper back at epoch 5, its counter from 1 again: %v", err)
 	}
 	// A database of a version that recorded the name only.
-	if _, err := db.ExecContext(ctx, "DELETE FROM meta WHERE name = 'fence_lock_id'"); err != nil {
+	if _, err := db.ExecContext(ctx, "DELETE FROM meta WHERE name IN ('fence_lock_id', 'fleet_guard')"); err != nil {
 		t.Fatal(err)
 	}
-	if epoch, reset, err := s.AdoptFences(ctx, "zookeeper", "C"); err != nil || reset || epoch != 4 {
-		t.Errorf("AdoptFences(zookeeper, C) over a record of the name alone: epoch %d, reset %v, %v; want 4, false", epoch, reset, err)
+	if epoch, reset, err := s.AdoptFences(ctx, fleet("zookeeper", "C", "fencing")); err != nil || reset || epoch != 5 {
+		t.Errorf("AdoptFences(zookeeper, C) over a record of the name alone: epoch %d, reset %v, %v; want 5, false", epoch, reset, err)
 	}
-	if epoch, reset, err := s.AdoptFences(ctx, "zookeeper", "D"); err != nil || !reset || epoch != 5 {
-		t.Errorf("AdoptFences(zookeeper, D) after C: epoch %d, reset %v, %v; want 5, true", epoch, reset, err)
+	if epoch, reset, err := s.AdoptFences(ctx, fleet("zookeeper", "D", "fencing")); err != nil || !reset || epoch != 6 {
+		t.Errorf("AdoptFences(zookeeper, D) after C: epoch %d, reset %v, %v; want 6, true", epoch, reset, err)
 	}
 }
 
@@ -94,14 +97,14 @@ func TestStragglerSweeperWithoutARow(t *testing.T) {
 	t.Parallel()
 	s := openStore(t)
 	ctx := t.Context()
-	old, _, err := s.AdoptFences(ctx, "zookeeper", "")
+	old, _, err := s.AdoptFences(ctx, storage.Fleet{Lock: "zookeeper", Guard: "fencing"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	put(t, s, "r52", 10)
 	late, cur := hold(t, s, "r52", 0), hold(t, s, "r52", 0)
 	waitDue(t, s, cur)
-	epoch, reset, err := s.AdoptFences(ctx, "redis", "")
+	epoch, reset, err := s.AdoptFences(ctx, storage.Fleet{Lock: "redis", Guard: "fencing"})
 	if err != nil || !reset || epoch == old {
 		t.Fatalf("AdoptFences(redis): epoch %d (old %d), reset %v, %v", epoch, old, reset, err)
 	}
@@ -113,6 +116,83 @@ func TestStragglerSweeperWithoutARow(t *testing.T) {
 	}
 	if _, _, err := sweep(ctx, s, cur, epoch, 1); err != nil {
 		t.Errorf("the new backend's sweeper at (%d, 1): %v", epoch, err)
+	}
+}
+
+// TestReclaimFences is review-6 R6-1 in the store: meta that lost
+// adoptions (a failover to an asynchronous replica, a restore) goes back
+// to the fleet that holds the fences, never below the epoch that fleet's
+// replica carries (its own fences would refuse it), and above meta's if
+// meta names another fleet; meta that names another fleet at an epoch
+// above it superseded it, and nothing changes.
+func TestReclaimFences(t *testing.T) {
+	t.Parallel()
+	s, db := openStoreAndDB(t)
+	ctx := t.Context()
+	redis, etcd := storage.Fleet{Lock: "redis", Guard: "fencing"}, storage.Fleet{Lock: "etcd", Guard: "fencing"}
+	if _, _, err := s.AdoptFences(ctx, storage.Fleet{Lock: "zookeeper", Guard: "fencing"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, sku := range []string{"lost", "mine"} {
+		if _, err := s.PutInventory(ctx, storage.Put{SKU: sku, Stock: 5, Token: 1 << 33}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// meta as the failover or restore left it (the fences the replica
+	// wrote survived or not: both are seen, "mine" at its epoch).
+	lose := func(fleet storage.Fleet, epoch, mine uint64) {
+		t.Helper()
+		for _, q := range []string{
+			fmt.Sprintf("UPDATE meta SET value = '%s' WHERE name = 'fence_lock'", fleet.Lock),
+			fmt.Sprintf("UPDATE meta SET value = '%s' WHERE name = 'fleet_guard'", fleet.Guard),
+			fmt.Sprintf("UPDATE meta SET value = '%d' WHERE name = 'fence_epoch'", epoch),
+			"UPDATE inventory SET fence_epoch = 0, fence = 1 << 33 WHERE sku = 'lost'",
+			fmt.Sprintf("UPDATE inventory SET fence_epoch = %d, fence = 7 WHERE sku = 'mine'", mine),
+		} {
+			if _, err := db.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fence := func(sku string) [2]uint64 {
+		t.Helper()
+		inv, err := s.Inventory(ctx, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return [2]uint64{inv.FenceEpoch, inv.Fence}
+	}
+	for _, c := range []struct {
+		name       string
+		meta       storage.Fleet
+		metaEpoch  uint64
+		held       uint64
+		epoch      uint64
+		superseded bool
+		lost, mine [2]uint64
+		wantMeta   storage.Fleet
+	}{
+		{"another fleet below", storage.Fleet{Lock: "zookeeper", Guard: "fencing"}, 0, 2, 2, false, [2]uint64{2, 0}, [2]uint64{2, 7}, redis},
+		{"another fleet at its epoch", etcd, 2, 2, 3, false, [2]uint64{3, 0}, [2]uint64{3, 0}, redis},
+		{"its own fleet below", redis, 1, 3, 3, false, [2]uint64{3, 0}, [2]uint64{3, 7}, redis},
+		{"its own fleet at its epoch", redis, 3, 3, 3, false, [2]uint64{0, 1 << 33}, [2]uint64{3, 7}, redis},
+		{"its own fleet above", redis, 4, 3, 4, false, [2]uint64{0, 1 << 33}, [2]uint64{3, 7}, redis},
+		{"another fleet above", etcd, 4, 3, 4, true, [2]uint64{0, 1 << 33}, [2]uint64{3, 7}, etcd},
+	} {
+		lose(c.meta, c.metaEpoch, c.held)
+		epoch, superseded, err := s.ReclaimFences(ctx, redis, c.held)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fleet, metaEpoch, err := s.Fences(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := fmt.Sprintf("epoch %d, superseded %v, meta %+v at %d, fences %v and %v", epoch, superseded, fleet, metaEpoch, fence("lost"), fence("mine"))
+		want := fmt.Sprintf("epoch %d, superseded %v, meta %+v at %d, fences %v and %v", c.epoch, c.superseded, c.wantMeta, c.epoch, c.lost, c.mine)
+		if got != want {
+			t.Errorf("%s (meta %+v at %d, held %d): %s; want %s", c.name, c.meta, c.metaEpoch, c.held, got, want)
+		}
 	}
 }
 
@@ -128,7 +208,7 @@ func TestStaleBackendRefused(t *testing.T) {
 	s := openStore(t)
 	ctx := t.Context()
 	const czxid, stale = 1 << 33, 1 << 40
-	old, _, err := s.AdoptFences(ctx, "zookeeper", "")
+	old, _, err := s.AdoptFences(ctx, storage.Fleet{Lock: "zookeeper", Guard: "fencing"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +223,7 @@ func TestStaleBackendRefused(t *testing.T) {
 	if _, _, err := sweep(ctx, s, due, old, czxid+1); err != nil {
 		t.Fatalf("the old backend's sweeper before the switch: %v", err)
 	}
-	cur, reset, err := s.AdoptFences(ctx, "redis", "")
+	cur, reset, err := s.AdoptFences(ctx, storage.Fleet{Lock: "redis", Guard: "fencing"})
 	if err != nil || !reset || cur == old {
 		t.Fatalf("AdoptFences(redis): epoch %d (old %d), reset %v, %v", cur, old, reset, err)
 	}
@@ -221,7 +301,7 @@ func TestAdoptionWaitsForAWriteInFlight(t *testing.T) {
 	t.Parallel()
 	s, db := openStoreAndDB(t)
 	ctx := t.Context()
-	old, _, err := s.AdoptFences(ctx, "zookeeper", "")
+	old, _, err := s.AdoptFences(ctx, storage.Fleet{Lock: "zookeeper", Guard: "fencing"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +328,7 @@ func TestAdoptionWaitsForAWriteInFlight(t *testing.T) {
 	}
 	adopt := make(chan adopted, 1)
 	go func() {
-		e, _, err := s.AdoptFences(ctx, "redis", "")
+		e, _, err := s.AdoptFences(ctx, storage.Fleet{Lock: "redis", Guard: "fencing"})
 		adopt <- adopted{e, err}
 	}()
 	waitStatement(t, db, "UPDATE inventory SET fence = 0")

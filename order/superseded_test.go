@@ -1,0 +1,235 @@
+package order_test
+
+import (
+	"database/sql"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/locking/local"
+	"github.com/oversold-lab/oversold/order"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// withdrawWithin bounds a straggler's withdrawal: its next heartbeat
+// (every 5 s) reads the fences, with room for a loaded machine.
+const withdrawWithin = 20 * time.Second
+
+// TestSupersededStragglerWithdraws is review-6 R6-2: a zookeeper replica
+// frozen past the liveness window while the fleet moved to redis comes
+// back with its own heartbeat running. Its next heartbeat finds the fences
+// at redis's later epoch: it removes its row, heartbeats no more, and
+// stays unready, naming why. So a redis replica that restarts, and one
+// added, start again. Before, the straggler heartbeated
+// for its whole life and every redis Start meanwhile was ErrMixedSettings:
+// crash restarts, rollouts and scale-ups failed, the fleet only shrank.
+func TestSupersededStragglerWithdraws(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	db := f.db()
+	cfg := func(instance, lock string) order.Config {
+		return order.Config{Instance: instance, Lock: lock, Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute}
+	}
+	straggler := f.service(local.New(), cfg("zk1", "zookeeper"))
+	if err := straggler.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { straggler.Close() })
+	l, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	cur := f.startWhileLapsed(db, "zk1", func() *order.Service { return f.service(l, cfg("rd1", "redis")) })
+
+	// The straggler wakes: its row is live again (as its own heartbeat
+	// makes it), older than rd1's, until it withdraws.
+	reviveIfPresent(t, db, "zk1")
+	wantCode(t, call(cur.Handler(), http.MethodGet, "/readyz", ""), http.StatusOK, "")
+	wantSuperseded(t, f, straggler, "zk1", "the fences belong to lock=redis guard=fencing (epoch 1), this replica runs lock=zookeeper guard=fencing (epoch 0)")
+
+	// rd1 crashes and restarts; rd2 is added.
+	cur.Close()
+	for _, name := range []string{"rd1", "rd2"} {
+		s := f.service(l, cfg(name, "redis"))
+		if err := s.Start(ctx); err != nil {
+			t.Errorf("%s starting after the straggler withdrew: %v", name, err)
+			continue
+		}
+		t.Cleanup(func() { s.Close() })
+	}
+	// Its heartbeat has stopped: a period later its row has not come back.
+	time.Sleep(6 * time.Second)
+	if names := live(t, f); names != "rd1 rd2" {
+		t.Errorf("live replicas a heartbeat after the straggler withdrew: %q, want rd1 rd2", names)
+	}
+}
+
+// TestGuardStragglerWithdraws is review-6 R6-6: the fleet moves from guard
+// version to guard fencing on the same lock (redis) while a version
+// replica is frozen past the liveness window. When it comes back, older
+// than every fencing replica, the fencing replicas stay ready and it is
+// the unready one, superseded by the fences' guard, and withdraws. Before,
+// the meta rows recorded no guard: the straggler was the older of a mixed
+// pair, every fencing replica's /readyz was 503 and the straggler alone
+// was ready, writing under the old guard (blind, had it been none).
+func TestGuardStragglerWithdraws(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	db := f.db()
+	l, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	cfg := func(instance string, guard storage.Guard) order.Config {
+		return order.Config{Instance: instance, Lock: "redis", Guard: guard, AdminToken: adminToken, LockWait: time.Minute}
+	}
+	straggler := f.service(l, cfg("v1", storage.GuardVersion))
+	if err := straggler.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { straggler.Close() })
+	cur := f.startWhileLapsed(db, "v1", func() *order.Service { return f.service(l, cfg("f1", storage.GuardFencing)) })
+
+	reviveIfPresent(t, db, "v1")
+	if rec := call(cur.Handler(), http.MethodGet, "/readyz", ""); rec.Code != http.StatusOK {
+		t.Errorf("the fencing replica once the version straggler is live again: /readyz %d %s, want 200", rec.Code, rec.Body)
+	}
+	wantSuperseded(t, f, straggler, "v1", "the fences belong to lock=redis guard=fencing (epoch 1), this replica runs lock=redis guard=version (epoch 0)")
+	more := f.service(l, cfg("f2", storage.GuardFencing))
+	if err := more.Start(ctx); err != nil {
+		t.Errorf("a fencing replica starting after the straggler withdrew: %v", err)
+	} else {
+		more.Close()
+	}
+}
+
+// TestLostAdoptionAdoptedAgain is review-6 R6-1: the adoption of a switch
+// to redis is lost (a failover to an asynchronous replica that had not
+// applied it, or a restore): meta names etcd at epoch 0 again, the redis
+// replica carries epoch 2 and has written fences at it. Its next heartbeat
+// adopts the fences again at its own epoch (meta's + 1 would be 1, below
+// its own fences: 409 lock_lost on its own SKU), it stays ready, sells,
+// and is not superseded. Before, it was called superseded for good: /readyz
+// 503 on every replica of the fleet, and nothing adopted again until one
+// restarted.
+func TestLostAdoptionAdoptedAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	db := f.db()
+	for _, lock := range []string{"etcd", "zookeeper"} {
+		if _, _, err := f.store.AdoptFences(ctx, storage.Fleet{Lock: lock, Guard: "fencing"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	s := f.service(l, order.Config{Instance: "rd1", Lock: "redis", Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	h := s.Handler()
+	wantCode(t, call(h, http.MethodPut, "/v1/inventory/lost", `{"stock": 10}`, "Authorization", "Bearer "+adminToken), http.StatusOK, "")
+	if inv, err := f.store.Inventory(ctx, "lost"); err != nil || inv.FenceEpoch != 2 {
+		t.Fatalf("the SKU's fence after redis's reset: %+v, %v; want epoch 2", inv, err)
+	}
+	for _, q := range []string{"UPDATE meta SET value = 'etcd' WHERE name = 'fence_lock'", "UPDATE meta SET value = '0' WHERE name = 'fence_epoch'"} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lost := time.Now()
+	deadline := lost.Add(withdrawWithin)
+	for {
+		fleet, epoch, err := f.store.Fences(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fleet.Lock == "redis" {
+			t.Logf("adopted again %v after the loss", time.Since(lost))
+			if epoch != 2 {
+				t.Errorf("adopted again at epoch %d, want 2 (its own)", epoch)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the fences still name %+v at epoch %d %v after the adoption was lost", fleet, epoch, withdrawWithin)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	wantCode(t, call(h, http.MethodGet, "/readyz", ""), http.StatusOK, "")
+	wantCode(t, post(h, "lost", 1), http.StatusCreated, "")
+	if names := live(t, f); names != "rd1" {
+		t.Errorf("live replicas after the adoption was lost and made again: %q, want rd1 (not withdrawn)", names)
+	}
+}
+
+// db is a plain connection to f's database, for what a test does behind
+// the replicas' backs.
+func (f *fixture) db() *sql.DB {
+	f.t.Helper()
+	db, err := sql.Open("mysql", f.dsn)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// startWhileLapsed starts a replica of newer settings while instance's row
+// has lapsed (frozen past the liveness window; its heartbeat still runs
+// and may revive the row just before the look: then the newcomer is
+// refused, and tries again).
+func (f *fixture) startWhileLapsed(db *sql.DB, instance string, newcomer func() *order.Service) *order.Service {
+	f.t.Helper()
+	for try := 0; ; try++ {
+		if _, err := db.ExecContext(f.t.Context(), "UPDATE replicas SET heartbeat_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR WHERE instance = ?", instance); err != nil {
+			f.t.Fatal(err)
+		}
+		s := newcomer()
+		err := s.Start(f.t.Context())
+		if err == nil {
+			f.t.Cleanup(func() { s.Close() })
+			return s
+		}
+		if !errors.Is(err, order.ErrMixedSettings) || try == 3 {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+// reviveIfPresent makes instance's row live, as the heartbeat of a
+// replica that comes back does, unless it has withdrawn already (an
+// upsert would bring back a row that withdrawal removed).
+func reviveIfPresent(t *testing.T, db *sql.DB, instance string) {
+	t.Helper()
+	if _, err := db.ExecContext(t.Context(), "UPDATE replicas SET heartbeat_at = UTC_TIMESTAMP(6) WHERE instance = ?", instance); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantSuperseded waits for s's row to go (it withdraws) and checks it is
+// unready, naming why.
+func wantSuperseded(t *testing.T, f *fixture, s *order.Service, instance, why string) {
+	t.Helper()
+	for deadline := time.Now().Add(withdrawWithin); strings.Contains(" "+live(t, f)+" ", " "+instance+" "); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the straggler %s has not withdrawn %v after the fleet moved on", instance, withdrawWithin)
+		}
+	}
+	rec := call(s.Handler(), http.MethodGet, "/readyz", "")
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "superseded: "+why) {
+		t.Errorf("the straggler: /readyz %d %s, want 503 naming it superseded: %s", rec.Code, rec.Body, why)
+	}
+}
