@@ -34,23 +34,39 @@ func (f *fixture) holdLock(sku string) locking.Lease {
 
 // queued sends one order per key, in that order, while the SKU's lock is
 // held by another locker, so they all queue in one replica; once the last
-// is sent (and has had time to queue) the lock is released. It returns the
-// answers, by key index.
-func (f *fixture) queued(h http.Handler, sku string, keys []string, qty func(i int) int) []*httptest.ResponseRecorder {
+// has queued the lock is released. It returns the answers, by key index.
+func (f *fixture) queued(s *order.Service, sku string, keys []string, qty func(i int) int) []*httptest.ResponseRecorder {
 	f.t.Helper()
 	lease := f.holdLock(sku)
 	recs := make([]*httptest.ResponseRecorder, len(keys))
-	var wg sync.WaitGroup
-	for i, key := range keys {
-		wg.Go(func() { recs[i] = post(h, sku, qty(i), "Idempotency-Key", key) })
-		time.Sleep(5 * time.Millisecond) // arrival order = key order
-	}
-	time.Sleep(50 * time.Millisecond)
+	wait := f.inOrder(s, sku, len(keys), func(i int) {
+		recs[i] = post(s.Handler(), sku, qty(i), "Idempotency-Key", keys[i])
+	})
 	if err := lease.Release(context.Background()); err != nil {
 		f.t.Fatal(err)
 	}
-	wg.Wait()
+	wait()
 	return recs
+}
+
+// inOrder runs send(i) for i from 0 to n-1, each on its own goroutine,
+// starting the next only once the one before has queued on s for sku (a
+// fixed pause between them lost the order on a loaded machine). It
+// returns once all n are queued; wait waits for the sends to finish.
+func (f *fixture) inOrder(s *order.Service, sku string, n int, send func(i int)) (wait func()) {
+	f.t.Helper()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { send(i) })
+		deadline := time.Now().Add(30 * time.Second)
+		for order.Queued(s, sku) <= i {
+			if time.Now().After(deadline) {
+				f.t.Fatalf("order %d of %d never queued for %s", i, n, sku)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return wg.Wait
 }
 
 // TestCoalescing: 30 orders that queue behind a held lock are sold in one
@@ -61,7 +77,7 @@ func TestCoalescing(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.stock("co-hot", 12)
-	h := f.redisReplicas(1, order.Config{Guard: storage.GuardVersion})[0]
+	s := f.redisReplica(order.Config{Guard: storage.GuardVersion})
 	keys := make([]string, 30)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("co-%02d", i)
@@ -77,7 +93,7 @@ func TestCoalescing(t *testing.T) {
 		}
 		return 1
 	}
-	recs := f.queued(h, "co-hot", keys, qty)
+	recs := f.queued(s, "co-hot", keys, qty)
 	tokens := map[uint64]int{}
 	for i, r := range recs {
 		want := http.StatusConflict
@@ -106,19 +122,16 @@ func TestBatchKeys(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.stock("bk", 100)
-	h := f.redisReplicas(1, order.Config{Guard: storage.GuardNone})[0]
+	s := f.redisReplica(order.Config{Guard: storage.GuardNone})
 
 	// A writer elsewhere takes key bk-2 while the batch waits for the lock.
 	lease := f.holdLock("bk")
 	keys := []string{"bk-1", "bk-2", "bk-1", "bk-3", "bk-1"}
 	qty := []int{1, 1, 1, 1, 2} // the last one reuses bk-1 with another body
 	recs := make([]*httptest.ResponseRecorder, len(keys))
-	var wg sync.WaitGroup
-	for i, key := range keys {
-		wg.Go(func() { recs[i] = post(h, "bk", qty[i], "Idempotency-Key", key) })
-		time.Sleep(5 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
+	wait := f.inOrder(s, "bk", len(keys), func(i int) {
+		recs[i] = post(s.Handler(), "bk", qty[i], "Idempotency-Key", keys[i])
+	})
 	key := "bk-2"
 	elsewhere := storage.Order{ID: "0190a5c8-0000-7000-8000-00000000bb02", SKU: "bk", Quantity: 1, Status: storage.StatusConfirmed,
 		Instance: "elsewhere", Lock: "redis", IdempotencyKey: &key, Fingerprint: storage.OrderFingerprint("bk", 1),
@@ -127,7 +140,7 @@ func TestBatchKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	lease.Release(context.Background())
-	wg.Wait()
+	wait()
 
 	first := decodeOrder(t, recs[0])
 	if recs[0].Code != http.StatusCreated || recs[3].Code != http.StatusCreated {
@@ -178,8 +191,8 @@ func TestShortOrdersShareTheBatchFate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer locker.Close()
-	h := f.serviceWith(store, nil, locker, order.Config{Lock: "redis", Guard: storage.GuardVersion, LockWait: time.Minute}).Handler()
-	recs := f.queued(h, "sf-batch", []string{"sf-1", "sf-2", "sf-3"}, func(int) int { return 1 })
+	s := f.serviceWith(store, nil, locker, order.Config{Lock: "redis", Guard: storage.GuardVersion, LockWait: time.Minute})
+	recs := f.queued(s, "sf-batch", []string{"sf-1", "sf-2", "sf-3"}, func(int) int { return 1 })
 	for i, r := range recs {
 		if r.Code != http.StatusCreated {
 			t.Errorf("order %d: %d %s, want 201: the restock left enough for all three", i, r.Code, r.Body)
@@ -206,12 +219,12 @@ func TestAtomicBatchOnStaleCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.stock("ab-hot", 3) // sold elsewhere: the cache still says 10
-	h := f.redisReplicas(1, order.Config{Guard: storage.GuardAtomic})[0]
+	s := f.redisReplica(order.Config{Guard: storage.GuardAtomic})
 	keys := make([]string, 5)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("ab-%d", i)
 	}
-	recs := f.queued(h, "ab-hot", keys, func(int) int { return 1 })
+	recs := f.queued(s, "ab-hot", keys, func(int) int { return 1 })
 	for i, r := range recs {
 		want := http.StatusConflict
 		if i < 3 {
@@ -234,10 +247,11 @@ func TestAtomicBatchOnStaleCache(t *testing.T) {
 func TestRetryRacesItsOwnTry(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	h := f.redisReplicas(1, order.Config{Guard: storage.GuardVersion})[0]
+	s := f.redisReplica(order.Config{Guard: storage.GuardVersion})
+	h := s.Handler()
 
 	f.stock("rr-order", 1)
-	recs := f.queued(h, "rr-order", []string{"K", "K"}, func(int) int { return 1 })
+	recs := f.queued(s, "rr-order", []string{"K", "K"}, func(int) int { return 1 })
 	if recs[0].Code != http.StatusCreated || recs[1].Code != http.StatusOK {
 		t.Errorf("order and its retry: %d %s, %d %s; want 201 and 200", recs[0].Code, recs[0].Body, recs[1].Code, recs[1].Body)
 	} else if a, b := decodeOrder(t, recs[0]).ID, decodeOrder(t, recs[1]).ID; a != b {

@@ -21,16 +21,27 @@ func (f *fixture) redisReplicas(n int, cfg order.Config) []http.Handler {
 	f.t.Helper()
 	hs := make([]http.Handler, n)
 	for i := range hs {
-		locker, err := backends.Open(f.t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
-		if err != nil {
-			f.t.Fatal(err)
-		}
-		f.t.Cleanup(func() { locker.Close() })
 		c := cfg
-		c.Instance, c.Lock, c.LockWait = fmt.Sprintf("r%d", i+1), "redis", time.Minute
-		hs[i] = f.service(locker, c).Handler()
+		c.Instance = fmt.Sprintf("r%d", i+1)
+		hs[i] = f.redisReplica(c).Handler()
 	}
 	return hs
+}
+
+// redisReplica is one replica with its own redis locker (instance r1 unless
+// cfg names one), LockWait a minute.
+func (f *fixture) redisReplica(cfg order.Config) *order.Service {
+	f.t.Helper()
+	locker, err := backends.Open(f.t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { locker.Close() })
+	if cfg.Instance == "" {
+		cfg.Instance = "r1"
+	}
+	cfg.Lock, cfg.LockWait = "redis", time.Minute
+	return f.service(locker, cfg)
 }
 
 // TestSKUSpellings: hot-1, HOT-1 and Hot-1 are three SKUs everywhere. With
