@@ -495,6 +495,7 @@ func (n *Notifier) movedReply(err error) bool {
 func (n *Notifier) leave(channel string, t *topic, addr string) {
 	if t.idle != nil {
 		t.idle.Stop()
+		t.idle = nil // a linger timer firing now sends nothing
 	}
 	delete(n.topics, channel)
 	for _, w := range t.watches {
