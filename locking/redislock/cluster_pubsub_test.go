@@ -6,12 +6,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/internal/waitq"
 	"github.com/oversold-lab/oversold/locking/redislock"
 )
 
@@ -142,22 +144,38 @@ func busCounts(t *testing.T, ctx context.Context, addrs []string) map[string]map
 }
 
 // handoffs passes key's lock n times between two Lockers, each holding it
-// while the other waits (queued), and returns the number of releases.
+// until the other waits (queued), and returns the number of releases.
 func handoffs(t *testing.T, ctx context.Context, addr, key string, n int) int {
 	t.Helper()
 	cfg := redislock.Config{TTL: 10 * time.Second, MinBackoff: time.Minute, MaxBackoff: time.Minute}
 	lockers := []*redislock.Locker{newLocker(t, addr, cfg), newLocker(t, addr, cfg)}
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addr, ",")})
+	defer admin.Close()
+	queue := waitq.NamesOf("lock:", key).Queue
+	var finished [2]atomic.Bool
+	// queued waits, a few seconds at most, for the other Locker to queue,
+	// unless it has made all its rounds: a fixed 2 ms hold let it queue
+	// too late on a loaded machine, and a release with nobody queued
+	// publishes nothing (0 wake-ups in 50 releases once, at load 17).
+	queued := func(other int) {
+		for deadline := time.Now().Add(5 * time.Second); !finished[other].Load() && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if admin.ZCard(ctx, queue).Val() > 0 {
+				return
+			}
+		}
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
 	for i, l := range lockers {
 		wg.Go(func() {
+			defer finished[i].Store(true)
 			for j := range n / 2 {
 				lease, err := l.Acquire(ctx, key)
 				if err != nil {
 					errs <- fmt.Errorf("locker %d, round %d: %w", i, j, err)
 					return
 				}
-				time.Sleep(2 * time.Millisecond) // the other one queues meanwhile
+				queued(1 - i)
 				if err := lease.Release(ctx); err != nil {
 					errs <- err
 					return
