@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/local"
 	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
@@ -30,7 +29,7 @@ func TestSupersededStragglerWithdraws(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := t.Context()
-	db := f.db()
+	db := f.rawDB(t)
 	cfg := func(instance, lock string) order.Config {
 		return order.Config{Instance: instance, Lock: lock, Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute}
 	}
@@ -39,12 +38,7 @@ func TestSupersededStragglerWithdraws(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { straggler.Close() })
-	l, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	cur := f.startWhileLapsed(db, "zk1", func() *order.Service { return f.service(l, cfg("rd1", "redis")) })
+	cur := f.startWhileLapsed(db, "zk1", func() *order.Service { return f.redisReplica(cfg("rd1", "redis")) })
 
 	// The straggler wakes: its row is live again (as its own heartbeat
 	// makes it), older than rd1's, until it withdraws.
@@ -55,7 +49,7 @@ func TestSupersededStragglerWithdraws(t *testing.T) {
 	// rd1 crashes and restarts; rd2 is added.
 	cur.Close()
 	for _, name := range []string{"rd1", "rd2"} {
-		s := f.service(l, cfg(name, "redis"))
+		s := f.redisReplica(cfg(name, "redis"))
 		if err := s.Start(ctx); err != nil {
 			t.Errorf("%s starting after the straggler withdrew: %v", name, err)
 			continue
@@ -81,28 +75,23 @@ func TestGuardStragglerWithdraws(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := t.Context()
-	db := f.db()
-	l, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	db := f.rawDB(t)
 	cfg := func(instance string, guard storage.Guard) order.Config {
-		return order.Config{Instance: instance, Lock: "redis", Guard: guard, AdminToken: adminToken, LockWait: time.Minute}
+		return order.Config{Instance: instance, Guard: guard, AdminToken: adminToken}
 	}
-	straggler := f.service(l, cfg("v1", storage.GuardVersion))
+	straggler := f.redisReplica(cfg("v1", storage.GuardVersion))
 	if err := straggler.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { straggler.Close() })
-	cur := f.startWhileLapsed(db, "v1", func() *order.Service { return f.service(l, cfg("f1", storage.GuardFencing)) })
+	cur := f.startWhileLapsed(db, "v1", func() *order.Service { return f.redisReplica(cfg("f1", storage.GuardFencing)) })
 
 	reviveIfPresent(t, db, "v1")
 	if rec := call(cur.Handler(), http.MethodGet, "/readyz", ""); rec.Code != http.StatusOK {
 		t.Errorf("the fencing replica once the version straggler is live again: /readyz %d %s, want 200", rec.Code, rec.Body)
 	}
 	wantSuperseded(t, f, straggler, "v1", "the fences belong to lock=redis guard=fencing (epoch 1), this replica runs lock=redis guard=version (epoch 0)")
-	more := f.service(l, cfg("f2", storage.GuardFencing))
+	more := f.redisReplica(cfg("f2", storage.GuardFencing))
 	if err := more.Start(ctx); err != nil {
 		t.Errorf("a fencing replica starting after the straggler withdrew: %v", err)
 	} else {
@@ -123,18 +112,13 @@ func TestLostAdoptionAdoptedAgain(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := t.Context()
-	db := f.db()
+	db := f.rawDB(t)
 	for _, lock := range []string{"etcd", "zookeeper"} {
 		if _, _, err := f.store.AdoptFences(ctx, storage.Fleet{Lock: lock, Guard: "fencing"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	l, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	s := f.service(l, order.Config{Instance: "rd1", Lock: "redis", Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute})
+	s := f.redisReplica(order.Config{Instance: "rd1", Guard: storage.GuardFencing, AdminToken: adminToken})
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -173,18 +157,6 @@ func TestLostAdoptionAdoptedAgain(t *testing.T) {
 	if names := live(t, f); names != "rd1" {
 		t.Errorf("live replicas after the adoption was lost and made again: %q, want rd1 (not withdrawn)", names)
 	}
-}
-
-// db is a plain connection to f's database, for what a test does behind
-// the replicas' backs.
-func (f *fixture) db() *sql.DB {
-	f.t.Helper()
-	db, err := sql.Open("mysql", f.dsn)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	f.t.Cleanup(func() { db.Close() })
-	return db
 }
 
 // startWhileLapsed starts a replica of newer settings while instance's row
@@ -232,4 +204,44 @@ func wantSuperseded(t *testing.T, f *fixture, s *order.Service, instance, why st
 	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "superseded: "+why) {
 		t.Errorf("the straggler: /readyz %d %s, want 503 naming it superseded: %s", rec.Code, rec.Body, why)
 	}
+}
+
+// TestStragglerCannotCreateASKU is review-6 R6-5: a zookeeper replica
+// frozen while the fleet moved to redis (epoch 1) comes back and is asked
+// to create a SKU (admin tools may address a replica directly): 409
+// lock_lost, nothing created, so it has nothing of its own to sell on.
+// Before, the PUT was 200 with the straggler's fence (0, token), and its
+// orders on that SKU passed beside the fleet's until the fleet first wrote
+// there.
+func TestStragglerCannotCreateASKU(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	admin := []string{"Authorization", "Bearer " + adminToken}
+	cfg := func(instance, lock string) order.Config {
+		return order.Config{Instance: instance, Lock: lock, Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute}
+	}
+	old := f.service(local.New(), cfg("zk1", "zookeeper"))
+	if err := old.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	oh := old.Handler()
+	wantCode(t, call(oh, http.MethodPut, "/v1/inventory/warm", `{"stock": 10}`, admin...), http.StatusOK, "")
+	if err := old.Close(); err != nil { // frozen: its row gone, its handler lives on
+		t.Fatal(err)
+	}
+	cur := f.redisReplica(cfg("rd1", "redis"))
+	if err := cur.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cur.Close() })
+	h := cur.Handler()
+
+	wantCode(t, call(oh, http.MethodPut, "/v1/inventory/fresh", `{"stock": 10}`, admin...), http.StatusConflict, "lock_lost")
+	wantCode(t, call(h, http.MethodGet, "/v1/inventory/fresh", ""), http.StatusNotFound, "unknown_sku")
+	wantCode(t, post(oh, "fresh", 1), http.StatusNotFound, "unknown_sku")
+	wantCode(t, call(h, http.MethodPut, "/v1/inventory/fresh", `{"stock": 10}`, admin...), http.StatusOK, "")
+	wantCode(t, post(oh, "fresh", 1), http.StatusConflict, "lock_lost")
+	wantCode(t, post(h, "fresh", 1), http.StatusCreated, "")
+	wantInv(t, h, "fresh", 9, 0)
 }

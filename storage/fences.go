@@ -144,6 +144,33 @@ func (s *Store) adoptFences(ctx context.Context, f Fleet, held uint64, reclaim b
 	return epoch, reset, superseded, nil
 }
 
+// refuseOlderEpoch refuses, with ErrStaleFence, a fenced write whose epoch
+// is below the fences' own: a straggler's, of a fleet that was superseded
+// while it was away. The row's fence refuses it where the current epoch
+// wrote, or AdoptFences moved it; this refuses it where neither did, such
+// as a SKU it would create (review-6 R6-5: it created one and sold on it,
+// beside the current fleet). Share-locked, before any inventory row: an
+// adoption (which locks meta first too) waits for the write's commit and
+// then moves what it wrote, or the write waits for the adoption and is
+// refused.
+func refuseOlderEpoch(tx *gorm.DB, epoch uint64) error {
+	var rows []Meta
+	if err := tx.Raw("SELECT name, value FROM meta WHERE name = ? LOCK IN SHARE MODE", fenceEpochName).Scan(&rows).Error; err != nil {
+		return err
+	}
+	if len(rows) == 0 { // no fleet adopted the fences yet
+		return nil
+	}
+	cur, err := strconv.ParseUint(rows[0].Value, 10, 64)
+	if err != nil {
+		return err
+	}
+	if epoch < cur {
+		return ErrStaleFence
+	}
+	return nil
+}
+
 // Fences returns the fleet the fences belong to now (meta's fence_lock,
 // fence_lock_id and fleet_guard, "" before any replica adopted them) and
 // their epoch; it never adopts. A replica of that fleet refreshes with it

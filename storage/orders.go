@@ -316,6 +316,11 @@ func (p Put) fenceEpoch() uint64 {
 func (s *Store) PutInventory(ctx context.Context, p Put) (Inventory, error) {
 	var inv Inventory
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if p.Token != 0 {
+			if err := refuseOlderEpoch(tx, p.Epoch); err != nil {
+				return err
+			}
+		}
 		var cur Inventory
 		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&cur, "sku = ?", p.SKU).Error
 		switch {
