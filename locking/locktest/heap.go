@@ -19,13 +19,26 @@ type heapReading struct{ objects, bytes int }
 // referenced, not yet fired or stopped) is reachable from the runtime's
 // timer heap, so it is a live object. So is a stopped one, until the
 // runtime drops it from that heap (lazily): that, and connection pools
-// that grow, make the noise.
+// that grow, make the noise. So it reads three times, 100 ms apart, and
+// keeps the smallest reading: what a request in flight or a stopped timer
+// holds for a moment is gone from one of them, what is kept per key (a
+// pending timer) is in all three. One reading each side measured redlock
+// anywhere from -0.41 to +0.30 objects a key under load.
 func liveHeap() heapReading {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return heapReading{int(m.HeapObjects), int(m.HeapAlloc)}
+	var least heapReading
+	for i := range 3 {
+		if i > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		if r := (heapReading{int(m.HeapObjects), int(m.HeapAlloc)}); i == 0 || r.objects < least.objects {
+			least = r
+		}
+	}
+	return least
 }
 
 // settledGoroutines waits, up to 5 s, for the number of goroutines to stay
