@@ -2,6 +2,8 @@ package order_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
@@ -23,9 +26,11 @@ import (
 // same Redis flushed, as a restart without persistence leaves it): the
 // first replica on them raises the epoch, and its orders sell at once.
 // Before, the name alone decided: no new epoch, every order on that SKU
-// 409 lock_lost below the old fence. A replica still on the old servers
-// (or on the flushed Redis, with its identity from before) is refused,
-// 409 lock_lost, and unready.
+// 409 lock_lost below the old fence. The move is made as a backend switch
+// is: a replica on the new servers is refused at Start while one on the old
+// servers lives, and starts once they are gone. A replica still on the old
+// servers (or on the flushed Redis, with its identity from before) that
+// answers after that is refused, 409 lock_lost, and unready.
 func TestNewLockServersGetANewEpoch(t *testing.T) {
 	t.Parallel()
 	persist := testbed.Options{Args: []string{"--appendonly", "yes", "--appendfsync", "always"}}
@@ -64,7 +69,7 @@ func TestNewLockServersGetANewEpoch(t *testing.T) {
 				t.Cleanup(func() { srv.Stop() })
 				return srv
 			}
-			replica := func(instance, addr string) *order.Service {
+			starting := func(instance, addr string) (*order.Service, locking.Locker, error) {
 				t.Helper()
 				bc := c.cfg(addr)
 				bc.TTL = 5 * time.Second
@@ -74,10 +79,15 @@ func TestNewLockServersGetANewEpoch(t *testing.T) {
 				}
 				t.Cleanup(func() { l.Close() })
 				svc := f.service(l, order.Config{Instance: instance, Lock: c.lock, Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute})
-				if err := svc.Start(ctx); err != nil {
+				t.Cleanup(func() { svc.Close() })
+				return svc, l, svc.Start(ctx)
+			}
+			replica := func(instance, addr string) *order.Service {
+				t.Helper()
+				svc, l, err := starting(instance, addr)
+				if err != nil {
 					t.Fatalf("start %s: %v", instance, err)
 				}
-				t.Cleanup(func() { svc.Close() })
 				// Its tokens for the SKU past 30, as a busy fleet's are.
 				for range 30 {
 					lease, err := l.Acquire(ctx, "sku/ns")
@@ -142,6 +152,16 @@ func TestNewLockServersGetANewEpoch(t *testing.T) {
 			} else {
 				addr = server().Addr
 			}
+			if _, _, err := starting("b0", addr); !errors.Is(err, order.ErrMixedSettings) {
+				t.Errorf("b0, on the new servers while a1 and a2 live on the old: start %v; want %v", err, order.ErrMixedSettings)
+			}
+			if e := epoch(); e != before {
+				t.Errorf("after b0 was refused: epoch %d, was %d; want it kept", e, before)
+			}
+			// The old replicas stop (scaled to zero); a2 still answers
+			// requests sent to it, as a straggler would.
+			first.Close()
+			again.Close()
 			moved := replica("b1", addr)
 			if e := epoch(); e != before+1 {
 				t.Errorf("servers of %s whose tokens start again: epoch %d, was %d; want a new one", c.lock, e, before)
@@ -156,5 +176,63 @@ func TestNewLockServersGetANewEpoch(t *testing.T) {
 			}
 			wantInv(t, moved.Handler(), "ns", 7, 0)
 		})
+	}
+}
+
+// TestOldServersReplicaRefusedAtStart: a fleet has moved to other lock
+// servers under the same name (identity B) and runs; a replica on the old
+// servers (identity A, same lock name and guard) restarts, as a crashed pod
+// of the old version of a rolling update would. Start refuses it,
+// ErrMixedSettings, leaves no row, and the fences stay the fleet's: the
+// fleet goes on selling. Before, the identity was not in the replicas
+// table: the old replica started, took the fences back to A at a new
+// epoch, and the fleet's orders were refused (409 lock_lost), its replicas
+// superseded.
+func TestOldServersReplicaRefusedAtStart(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	fleet := f.redisReplica(order.Config{Instance: "b1", Guard: storage.GuardFencing, AdminToken: adminToken})
+	if err := fleet.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fleet.Close() })
+	wantCode(t, call(fleet.Handler(), http.MethodPut, "/v1/inventory/old", `{"stock": 5}`, "Authorization", "Bearer "+adminToken), http.StatusOK, "")
+	before, epoch, err := f.store.Fences(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	old, err := testbed.StartRedis(ctx, testbed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { old.Stop() })
+	l, err := backends.Open(ctx, "redis", backends.Config{RedisAddr: old.Addr, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	straggler := f.service(l, order.Config{Instance: "a1", Lock: "redis", Guard: storage.GuardFencing, AdminToken: adminToken, LockWait: time.Minute})
+	t.Cleanup(func() { straggler.Close() })
+	err = straggler.Start(ctx)
+	if !errors.Is(err, order.ErrMixedSettings) || !strings.Contains(fmt.Sprint(err), "other lock servers") {
+		t.Errorf("a1, on the old servers, while b1 lives on the new: start %v; want %v naming other lock servers", err, order.ErrMixedSettings)
+	}
+	after, epochAfter, err := f.store.Fences(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before || epochAfter != epoch || after.LockID == "" {
+		t.Errorf("fences after a1's start: %+v at epoch %d; want the fleet's %+v at epoch %d", after, epochAfter, before, epoch)
+	}
+	if names := live(t, f); names != "b1" {
+		t.Errorf("live replicas %q; want b1 alone", names)
+	}
+	if rec := post(fleet.Handler(), "old", 1); rec.Code != http.StatusCreated {
+		t.Errorf("b1's order after a1 was refused: %d %s; want 201", rec.Code, rec.Body)
+	}
+	if rec := call(fleet.Handler(), http.MethodGet, "/readyz", ""); rec.Code != http.StatusOK {
+		t.Errorf("b1: /readyz %d %s; want 200", rec.Code, rec.Body)
 	}
 }

@@ -24,18 +24,21 @@ const (
 	readyTimeout = 2 * time.Second
 )
 
-// ErrMixedSettings: a live replica of the database runs another lock or
-// guard. Behind one balancer they would not protect the same stock the same
-// way (a bug seen in peer projects).
+// ErrMixedSettings: a live replica of the database runs another lock, the
+// same lock on other servers, or another guard. Behind one balancer they
+// would not protect the same stock the same way (a bug seen in peer
+// projects), and the fences follow one fleet's servers only.
 var ErrMixedSettings = errors.New("replicas of one database run other settings")
 
-// Start announces this replica in the replicas table, with its lock and
-// guard, and keeps heartbeating until Close. A replica that finds a live
-// replica with other settings is the newcomer: Start withdraws it and
-// returns ErrMixedSettings, and the replicas already serving go on. So a
-// rolling update that changes the lock or guard stalls with the old
-// replicas serving, and one that keeps them completes (deploy/k8s/README.md,
-// "Rolling updates"). A dead replica's row stops counting liveWithin after
+// Start announces this replica in the replicas table, with its lock, its
+// lock servers' identity and guard, and keeps heartbeating until Close. A
+// replica that finds a live replica with other settings is the newcomer:
+// Start withdraws it and returns ErrMixedSettings, and the replicas already
+// serving go on. So a rolling update that changes the lock, its servers or
+// the guard stalls with the old replicas serving, and one that keeps them
+// completes (deploy/k8s/README.md, "Rolling updates"); an old replica that
+// restarts while the new ones serve is refused, rather than taking the
+// fences back to its servers. A dead replica's row stops counting liveWithin after
 // its last heartbeat.
 //
 // Announcing before looking makes two newcomers with other settings that
@@ -170,10 +173,10 @@ func (s *Service) whySuperseded(fleet storage.Fleet, epoch uint64) string {
 // its heartbeat and sweeper stop, so replicas of the current fleet start
 // again (a newcomer's Start counts every live row), and its /readyz stays
 // 503 naming why. It goes on answering, unready: it does not exit, since
-// its restart with the same settings would either be refused as a
-// newcomer (another lock or guard) or, on other servers of the same lock,
-// adopt the fences back from the fleet that superseded it. Its fenced
-// writes are refused; an operator restarts it with the fleet's settings.
+// its restart with the same settings would be refused as a newcomer while
+// the fleet that superseded it runs (another lock, lock servers or guard),
+// a restart loop. Its fenced writes are refused; an operator restarts it
+// with the fleet's settings.
 func (s *Service) withdraw(why error) {
 	s.log.Error("withdrawing this replica", "err", why)
 	close(s.withdrawn)
@@ -200,7 +203,7 @@ func (s *Service) Close() error {
 }
 
 func (s *Service) replica() storage.Replica {
-	return storage.Replica{Instance: s.cfg.Instance, Lock: s.cfg.Lock, Guard: string(s.cfg.Guard)}
+	return storage.Replica{Instance: s.cfg.Instance, Lock: s.cfg.Lock, LockID: s.ownLockID(), Guard: string(s.cfg.Guard)}
 }
 
 // fleet is this replica's settings, as the fences record them.
@@ -279,7 +282,7 @@ func (s *Service) probeLock(ctx context.Context) error {
 	return lease.Release(rctx)
 }
 
-// checkPeers fails when a live replica with another lock or guard started
+// checkPeers fails when a live replica with other settings started
 // before this one: only the newcomer of a mixed pair is unready, so the
 // replicas serving stay in the balancer. Start refuses such a newcomer; this
 // catches what Start could not see (a replica whose heartbeats had lapsed,
@@ -300,7 +303,9 @@ func (s *Service) checkPeers(ctx context.Context) error {
 }
 
 // mixedPeers describes the live replicas of this database that run another
-// lock or guard; with olderOnly, only those that started before this one
+// lock, the same lock on other servers (another identity; "" is a row of
+// an older version, or a lock without one: not mixed) or another guard;
+// with olderOnly, only those that started before this one
 // (by started_at, then instance name; a replica whose own row is missing is
 // the newest). With olderOnly (/readyz), a replica of the fleet the fences
 // belong to counts no other: one with other settings is a straggler the
@@ -329,7 +334,8 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 		}
 	}
 	for i, p := range peers {
-		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard)) {
+		otherServers := p.LockID != "" && p.LockID != s.ownLockID()
+		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard) && !otherServers) {
 			continue
 		}
 		if olderOnly && fleet == s.fleet() {
@@ -338,8 +344,12 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 		if olderOnly && self >= 0 && !older(p, peers[self]) {
 			continue
 		}
-		mixed = append(mixed, fmt.Sprintf("live replica %s runs lock=%s guard=%s, this one lock=%s guard=%s",
-			p.Instance, p.Lock, p.Guard, s.cfg.Lock, s.cfg.Guard))
+		why := fmt.Sprintf("live replica %s runs lock=%s guard=%s, this one lock=%s guard=%s",
+			p.Instance, p.Lock, p.Guard, s.cfg.Lock, s.cfg.Guard)
+		if p.Lock == s.cfg.Lock && otherServers {
+			why += fmt.Sprintf(", on other lock servers (its %s, this one's %s)", p.LockID, s.ownLockID())
+		}
+		mixed = append(mixed, why)
 	}
 	return mixed, nil
 }

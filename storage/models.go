@@ -68,10 +68,13 @@ type Meta struct {
 func (Meta) TableName() string { return "meta" }
 
 // Replica is one running orderd, as it announced itself. Replicas behind
-// one balancer must agree on lock and guard; this table lets each check.
+// one balancer must agree on lock, lock servers and guard; this table lets
+// each check. LockID is the lock servers' identity (locking.Identifier):
+// "" for a lock without one, or a row of a version that did not record it.
 type Replica struct {
 	Instance    string    `gorm:"type:varchar(255);primaryKey"`
 	Lock        string    `gorm:"type:varchar(16);not null"`
+	LockID      string    `gorm:"type:varchar(64);not null;default:''"`
 	Guard       string    `gorm:"type:varchar(16);not null"`
 	StartedAt   time.Time `gorm:"type:datetime(6);not null"`
 	HeartbeatAt time.Time `gorm:"type:datetime(6);not null;index"`

@@ -372,16 +372,17 @@ func TestReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A second heartbeat updates the row in place.
-	if err := s.Heartbeat(ctx, storage.Replica{Instance: "r2", Lock: "etcd", Guard: "fencing"}); err != nil {
+	// A second heartbeat updates the row in place, with the lock servers'
+	// identity.
+	if err := s.Heartbeat(ctx, storage.Replica{Instance: "r2", Lock: "etcd", LockID: "cluster-b", Guard: "fencing"}); err != nil {
 		t.Fatal(err)
 	}
 	live, err := s.LiveReplicas(ctx, 15*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(live) != 2 || live[1].Instance != "r2" || live[1].Lock != "etcd" || live[1].Guard != "fencing" {
-		t.Fatalf("live = %+v, want r1 and r2 (etcd, fencing)", live)
+	if len(live) != 2 || live[1].Instance != "r2" || live[1].Lock != "etcd" || live[1].LockID != "cluster-b" || live[1].Guard != "fencing" || live[0].LockID != "" {
+		t.Fatalf("live = %+v, want r1 (no lock id) and r2 (etcd on cluster-b, fencing)", live)
 	}
 	if err := s.RemoveReplica(ctx, "r1"); err != nil {
 		t.Fatal(err)
