@@ -38,8 +38,8 @@ var ErrMixedSettings = errors.New("replicas of one database run other settings")
 // the guard stalls with the old replicas serving, and one that keeps them
 // completes (deploy/k8s/README.md, "Rolling updates"); an old replica that
 // restarts while the new ones serve is refused, rather than taking the
-// fences back to its servers. A dead replica's row stops counting liveWithin after
-// its last heartbeat.
+// fences back to its servers. A dead replica's row stops counting
+// liveWithin after its last heartbeat.
 //
 // Announcing before looking makes two newcomers with other settings that
 // start at once safe: the later of the two lookups sees the other's row, so
