@@ -175,8 +175,8 @@ func (s *Service) whySuperseded(fleet storage.Fleet, epoch uint64) string {
 // 503 naming why. It goes on answering, unready: it does not exit, since
 // its restart with the same settings would be refused as a newcomer while
 // the fleet that superseded it runs (another lock, lock servers or guard),
-// a restart loop. Its fenced writes are refused; an operator restarts it
-// with the fleet's settings.
+// a restart loop. Every write it is sent answers 409 lock_lost
+// (refuseIfWithdrawn); an operator restarts it with the fleet's settings.
 func (s *Service) withdraw(why error) {
 	s.log.Error("withdrawing this replica", "err", why)
 	close(s.withdrawn)
@@ -184,6 +184,20 @@ func (s *Service) withdraw(why error) {
 	defer cancel()
 	if err := s.store.RemoveReplica(ctx, s.cfg.Instance); err != nil {
 		s.log.Warn("withdrawing replica failed: its row lapses in 15 s", "err", err)
+	}
+}
+
+// refuseIfWithdrawn refuses every write of a replica that withdrew
+// (review 7, R7-2): the balancer sends it nothing, but a client may
+// address it directly, and MySQL refuses its stale writes only under the
+// fencing guard. 409 lock_lost, as its fenced writes get: nothing was
+// written, the client retries on another replica.
+func (s *Service) refuseIfWithdrawn() error {
+	select {
+	case <-s.withdrawn:
+		return fmt.Errorf("%w: this replica was superseded and withdrew", ErrLockLost)
+	default:
+		return nil
 	}
 }
 

@@ -115,6 +115,9 @@ func (s *Service) GetReservation(ctx context.Context, id string) (Reservation, e
 // Hold holds every line of req, or none. replayed reports a reservation
 // held earlier with the same key and the same request.
 func (s *Service) Hold(ctx context.Context, req HoldRequest) (Reservation, bool, error) {
+	if err := s.refuseIfWithdrawn(); err != nil {
+		return Reservation{}, false, err
+	}
 	r, replayed, err := retried(ctx, func() (storage.Reservation, bool, error) { return s.holdOnce(ctx, req) })
 	if errors.Is(err, storage.ErrOutOfStock) && req.Key != "" {
 		// A retry that raced its own first try finds the stock that try
@@ -269,6 +272,9 @@ func (s *Service) Cancel(ctx context.Context, id string) (Reservation, error) {
 }
 
 func (s *Service) settleView(ctx context.Context, id, to string) (Reservation, error) {
+	if err := s.refuseIfWithdrawn(); err != nil {
+		return Reservation{}, err
+	}
 	r, _, err := retried(ctx, func() (storage.Reservation, bool, error) {
 		r, err := s.settleOnce(ctx, id, to, 0)
 		return r, false, err

@@ -18,6 +18,9 @@ import (
 // must be the SKU's current version, else storage.ErrPrecondition. The
 // cache entry is overwritten, whatever version it claims.
 func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersion uint64) (storage.Inventory, error) {
+	if err := s.refuseIfWithdrawn(); err != nil {
+		return storage.Inventory{}, err
+	}
 	put := storage.Put{SKU: sku, Stock: stock, IfVersion: ifVersion}
 	var lease locking.Lease
 	if s.locker != nil {

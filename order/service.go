@@ -216,6 +216,9 @@ func (s *Service) Handler() http.Handler { return s.handler }
 // order placed earlier with the same key. A version conflict retries the
 // whole flow, from the replay check on, up to maxAttempts times.
 func (s *Service) Place(ctx context.Context, req Request) (o Order, replayed bool, err error) {
+	if err := s.refuseIfWithdrawn(); err != nil {
+		return Order{}, false, err
+	}
 	for attempt := 1; ; attempt++ {
 		o, replayed, err = s.placeOnce(ctx, req)
 		if errors.Is(err, storage.ErrOutOfStock) && req.Key != "" {

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -244,4 +245,48 @@ func TestStragglerCannotCreateASKU(t *testing.T) {
 	wantCode(t, post(oh, "fresh", 1), http.StatusConflict, "lock_lost")
 	wantCode(t, post(h, "fresh", 1), http.StatusCreated, "")
 	wantInv(t, h, "fresh", 9, 0)
+}
+
+// TestWithdrawnReplicaRefusesWrites is review-7 R7-2: a replica of guard
+// none, superseded by a switch to fencing, withdraws; a client that still
+// addresses it directly gets 409 lock_lost for an order, a hold and a
+// reset, and nothing changes. Before, its order under guard none was 201
+// (MySQL compares no fence under that guard) beside the fleet's.
+func TestWithdrawnReplicaRefusesWrites(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	db := f.rawDB(t)
+	cfg := func(instance string, guard storage.Guard) order.Config {
+		return order.Config{Instance: instance, Guard: guard, AdminToken: adminToken}
+	}
+	straggler := f.redisReplica(cfg("n1", storage.GuardNone))
+	if err := straggler.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { straggler.Close() })
+	cur := f.startWhileLapsed(db, "n1", func() *order.Service { return f.redisReplica(cfg("f1", storage.GuardFencing)) })
+	reviveIfPresent(t, db, "n1")
+	wantSuperseded(t, f, straggler, "n1", "the fences belong to lock=redis guard=fencing (epoch 1), this replica runs lock=redis guard=none (epoch 0)")
+
+	admin := []string{"Authorization", "Bearer " + adminToken}
+	if rec := call(cur.Handler(), http.MethodPut, "/v1/inventory/wd", `{"stock": 10}`, admin...); rec.Code != http.StatusOK {
+		t.Fatalf("the fleet's PUT: %d %s", rec.Code, rec.Body)
+	}
+	h := straggler.Handler()
+	for name, rec := range map[string]*httptest.ResponseRecorder{
+		"order": post(h, "wd", 3, "Idempotency-Key", "wd-1"),
+		"hold":  hold(h, 0, "wd-h", "wd", 2),
+		"reset": call(h, http.MethodPut, "/v1/inventory/wd", `{"stock": 99}`, admin...),
+	} {
+		if rec.Code != http.StatusConflict || !strings.Contains(rec.Body.String(), `"lock_lost"`) {
+			t.Errorf("the withdrawn replica's %s: %d %s, want 409 lock_lost", name, rec.Code, rec.Body)
+		}
+	}
+	if a := f.audit("wd"); a.Stock != 10 || a.Orders != 0 {
+		t.Errorf("audit %+v, want stock 10 and no order: the withdrawn replica wrote", a)
+	}
+	if rec := post(cur.Handler(), "wd", 3, "Idempotency-Key", "wd-2"); rec.Code != http.StatusCreated {
+		t.Errorf("the fleet's order after: %d %s, want 201", rec.Code, rec.Body)
+	}
 }
