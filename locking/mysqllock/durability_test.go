@@ -69,3 +69,42 @@ func TestUndurableServerRefused(t *testing.T) {
 	}
 	accepted("after the settings were restored")
 }
+
+// A running Locker checks the settings again when it makes a new boot row
+// (review-7 R7-5): a restarted or promoted server may not have the
+// settings its first Acquire saw. With sync_binlog set to 0 and the boot
+// row gone (what a promoted replica looks like), the next Acquire is
+// refused, naming the setting; before, it bumped the epoch and was granted.
+func TestDurabilityCheckedAtEachBoot(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	srv := locktest.PrivateServer(t, func(ctx context.Context, _ testbed.Options) (*testbed.Server, error) {
+		return testbed.StartMariaDB(ctx, testbed.Options{Args: []string{"--log-bin=mysql-bin", "--server-id=1", "--sync-binlog=1"}})
+	})
+	admin := openDB(t, srv.DSN(""))
+	mustExec(t, admin, "CREATE DATABASE locks")
+	db, err := mysqllock.OpenDB(ctx, srv.DSN("locks"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	l := mysqllock.New(db, mysqllock.Config{TTL: 3 * time.Second})
+	defer l.Close()
+	lease, err := l.Acquire(ctx, "sku/boot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer mustExec(t, admin, "SET GLOBAL sync_binlog = 1")
+	mustExec(t, admin, "SET GLOBAL sync_binlog = 0")
+	mustExec(t, admin, "DELETE FROM locks.oversold_lock_boot")
+	lease, err = l.Acquire(ctx, "sku/boot")
+	if err == nil || !strings.Contains(err.Error(), "sync_binlog=1") {
+		t.Errorf("Acquire after a new server run with sync_binlog=0: %v, want a refusal naming sync_binlog=1", err)
+		if err == nil {
+			lease.Release(ctx)
+		}
+	}
+}

@@ -697,6 +697,12 @@ func (l *Locker) bootEpoch(ctx context.Context) (uint64, time.Duration, error) {
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return 0, 0, err
 	}
+	// A new server run (a restart, a promoted replica) may not have the
+	// settings prepare checked: check again before it hands out an epoch
+	// (review 7, R7-5).
+	if err := checkServer(ctx, l.db); err != nil {
+		return 0, 0, err
+	}
 	if _, err := conn.ExecContext(ctx, placeBoot, l.cfg.TTL.Microseconds()); err != nil {
 		return 0, 0, err
 	}
