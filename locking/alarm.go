@@ -28,7 +28,7 @@ type alarm struct {
 
 func (a *alarm) run() {
 	if a.expire {
-		a.k.MarkLost()
+		a.k.expire()
 	} else {
 		a.k.renewOnce()
 	}

@@ -122,6 +122,18 @@ func (k *Keepalive) Stop() {
 // another way (a release that found the lease gone).
 func (k *Keepalive) MarkLost() { k.once.Do(func() { close(k.lost) }) }
 
+// expire closes Lost when the validity has ended. A renewal that answered
+// after its expiry alarm was taken off the schedule, but before the
+// alarm's goroutine ran, extended the validity and set the alarm again:
+// closing Lost then would give up a lease just renewed (review 7, R7-4).
+func (k *Keepalive) expire() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.now().Before(k.validUntil) {
+		k.MarkLost()
+	}
+}
+
 func (k *Keepalive) isLost() bool {
 	select {
 	case <-k.lost:
