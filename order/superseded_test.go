@@ -75,25 +75,13 @@ func TestSupersededStragglerWithdraws(t *testing.T) {
 func TestGuardStragglerWithdraws(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	ctx := t.Context()
-	db := f.rawDB(t)
-	cfg := func(instance string, guard storage.Guard) order.Config {
-		return order.Config{Instance: instance, Guard: guard, AdminToken: adminToken}
-	}
-	straggler := f.redisReplica(cfg("v1", storage.GuardVersion))
-	if err := straggler.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { straggler.Close() })
-	cur := f.startWhileLapsed(db, "v1", func() *order.Service { return f.redisReplica(cfg("f1", storage.GuardFencing)) })
-
-	reviveIfPresent(t, db, "v1")
+	straggler, cur := f.guardSwitch("v1", storage.GuardVersion)
 	if rec := call(cur.Handler(), http.MethodGet, "/readyz", ""); rec.Code != http.StatusOK {
 		t.Errorf("the fencing replica once the version straggler is live again: /readyz %d %s, want 200", rec.Code, rec.Body)
 	}
 	wantSuperseded(t, f, straggler, "v1", "the fences belong to lock=redis guard=fencing (epoch 1), this replica runs lock=redis guard=version (epoch 0)")
-	more := f.redisReplica(cfg("f2", storage.GuardFencing))
-	if err := more.Start(ctx); err != nil {
+	more := f.redisReplica(order.Config{Instance: "f2", Guard: storage.GuardFencing, AdminToken: adminToken})
+	if err := more.Start(t.Context()); err != nil {
 		t.Errorf("a fencing replica starting after the straggler withdrew: %v", err)
 	} else {
 		more.Close()
@@ -255,18 +243,7 @@ func TestStragglerCannotCreateASKU(t *testing.T) {
 func TestWithdrawnReplicaRefusesWrites(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	ctx := t.Context()
-	db := f.rawDB(t)
-	cfg := func(instance string, guard storage.Guard) order.Config {
-		return order.Config{Instance: instance, Guard: guard, AdminToken: adminToken}
-	}
-	straggler := f.redisReplica(cfg("n1", storage.GuardNone))
-	if err := straggler.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { straggler.Close() })
-	cur := f.startWhileLapsed(db, "n1", func() *order.Service { return f.redisReplica(cfg("f1", storage.GuardFencing)) })
-	reviveIfPresent(t, db, "n1")
+	straggler, cur := f.guardSwitch("n1", storage.GuardNone)
 	wantSuperseded(t, f, straggler, "n1", "the fences belong to lock=redis guard=fencing (epoch 1), this replica runs lock=redis guard=none (epoch 0)")
 
 	admin := []string{"Authorization", "Bearer " + adminToken}
@@ -289,4 +266,22 @@ func TestWithdrawnReplicaRefusesWrites(t *testing.T) {
 	if rec := post(cur.Handler(), "wd", 3, "Idempotency-Key", "wd-2"); rec.Code != http.StatusCreated {
 		t.Errorf("the fleet's order after: %d %s, want 201", rec.Code, rec.Body)
 	}
+}
+
+// guardSwitch starts a redis replica of guard old, lets its row lapse
+// while a fencing replica f1 starts (a guard switch: epoch 1), then makes
+// the straggler's row live again, as a replica back from a freeze would.
+func (f *fixture) guardSwitch(instance string, old storage.Guard) (straggler, cur *order.Service) {
+	f.t.Helper()
+	db := f.rawDB(f.t)
+	straggler = f.redisReplica(order.Config{Instance: instance, Guard: old, AdminToken: adminToken})
+	if err := straggler.Start(f.t.Context()); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { straggler.Close() })
+	cur = f.startWhileLapsed(db, instance, func() *order.Service {
+		return f.redisReplica(order.Config{Instance: "f1", Guard: storage.GuardFencing, AdminToken: adminToken})
+	})
+	reviveIfPresent(f.t, db, instance)
+	return straggler, cur
 }

@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"testing"
 	"time"
@@ -19,12 +20,7 @@ import (
 func TestUndurableServerRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	srv := locktest.PrivateServer(t, func(ctx context.Context, _ testbed.Options) (*testbed.Server, error) {
-		return testbed.StartMariaDB(ctx, testbed.Options{Args: []string{"--log-bin=mysql-bin", "--server-id=1", "--sync-binlog=1"}})
-	})
-	admin := openDB(t, srv.DSN(""))
-	mustExec(t, admin, "CREATE DATABASE locks")
-	dsn := srv.DSN("locks")
+	admin, dsn := durableServer(t)
 	accepted := func(when string) {
 		t.Helper()
 		db, err := mysqllock.OpenDB(ctx, dsn)
@@ -78,12 +74,8 @@ func TestUndurableServerRefused(t *testing.T) {
 func TestDurabilityCheckedAtEachBoot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	srv := locktest.PrivateServer(t, func(ctx context.Context, _ testbed.Options) (*testbed.Server, error) {
-		return testbed.StartMariaDB(ctx, testbed.Options{Args: []string{"--log-bin=mysql-bin", "--server-id=1", "--sync-binlog=1"}})
-	})
-	admin := openDB(t, srv.DSN(""))
-	mustExec(t, admin, "CREATE DATABASE locks")
-	db, err := mysqllock.OpenDB(ctx, srv.DSN("locks"))
+	admin, dsn := durableServer(t)
+	db, err := mysqllock.OpenDB(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,4 +99,17 @@ func TestDurabilityCheckedAtEachBoot(t *testing.T) {
 			lease.Release(ctx)
 		}
 	}
+}
+
+// durableServer starts a private MariaDB with the binary log on and
+// durable settings (the shared server's globals are every test's), and
+// returns a root connection and the DSN of its database locks.
+func durableServer(t *testing.T) (admin *sql.DB, dsn string) {
+	t.Helper()
+	srv := locktest.PrivateServer(t, func(ctx context.Context, _ testbed.Options) (*testbed.Server, error) {
+		return testbed.StartMariaDB(ctx, testbed.Options{Args: []string{"--log-bin=mysql-bin", "--server-id=1", "--sync-binlog=1"}})
+	})
+	admin = openDB(t, srv.DSN(""))
+	mustExec(t, admin, "CREATE DATABASE locks")
+	return admin, srv.DSN("locks")
 }
