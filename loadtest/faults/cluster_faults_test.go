@@ -16,6 +16,11 @@ import (
 // one (no rival gets the lock while the holder stays inside for a lease's
 // whole life after the election), no two holders overlap, and guard none
 // keeps every invariant.
+//
+// A run whose two survivors elected nobody in 30 s tested no lock: the
+// server failed, not the lease (ZooKeeper 3.8 did so once in CI, for the
+// 44 s until the killed node came back). It is logged with what each node
+// answered and run once more on a new cluster; a second such run fails.
 func TestLeaderKill(t *testing.T) {
 	for _, tc := range []struct{ fault, backend string }{
 		{"zk-leader-kill", "zookeeper"},
@@ -25,6 +30,10 @@ func TestLeaderKill(t *testing.T) {
 			spec := short(tc.fault, tc.backend, "none")
 			spec.LockTTL = 2 * time.Second // the lab's default: an election fits in it
 			r := runFault(t, spec)
+			if hasEvent(r, "no new leader") {
+				t.Logf("%s: the cluster elected no leader, so the lease was not tested; once more on a new cluster", r.Name())
+				r = runFault(t, spec)
+			}
 			assertFired(t, r)
 			assertSafe(t, r)
 			if r.Overlaps != 0 {
