@@ -1,9 +1,9 @@
 # oversold: `make lab` runs the experiment, `make test` proves the code.
 GO       ?= go
 SERVERS  := mariadb-server redis-server redis-sentinel zookeeper etcd-server nginx
-# The container testbed and the compose demo: an engine (unless Docker is
+# The container testbed and the compose demo: an engine (unless dockerd is
 # there already) and debootstrap for the stand-in images.
-DOCKER_PKGS := $(shell command -v docker >/dev/null || echo docker.io) debootstrap
+DOCKER_PKGS := $(shell command -v dockerd >/dev/null || echo docker.io) debootstrap
 # chromium: the report's browser test (loadtest/report_browser_test.go).
 TOOLS    := chromium
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
