@@ -35,8 +35,8 @@ func (l *Locker) Identity(ctx context.Context) (string, error) {
 	select {
 	case r := <-res:
 		return r.id, r.err
-	case <-ctx.Done():
-		return "", ctx.Err()
+	case <-ctx.Done(): // a ZooKeeper that does not answer is unavailable
+		return "", fmt.Errorf("zklock: identity: %w: %w", locking.ErrUnavailable, ctx.Err())
 	}
 }
 

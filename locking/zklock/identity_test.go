@@ -1,7 +1,10 @@
 package zklock_test
 
 import (
+	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
@@ -23,4 +26,28 @@ func TestIdentity(t *testing.T) {
 		t.Cleanup(func() { l.Close() })
 		return l
 	})
+}
+
+// TestIdentityUnavailable: a ZooKeeper that does not answer (paused) makes
+// Identity fail with ErrUnavailable once ctx ends, which orderd reports as
+// the setting naming the servers (review-8 R8-7: it returned the bare
+// context error, and orderd exited 1 without naming it).
+func TestIdentityUnavailable(t *testing.T) {
+	t.Parallel()
+	srv := locktest.PrivateServer(t, testbed.StartZooKeeper)
+	l, err := zklock.New(t.Context(), []string{srv.Addr}, zklock.Config{Root: "/" + testbed.Prefix(t) + "/locks"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	_, err = l.Identity(ctx)
+	if !errors.Is(err, locking.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Identity on a paused server: %v; want ErrUnavailable and the deadline", err)
+	}
 }
