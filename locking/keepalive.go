@@ -170,9 +170,9 @@ func (k *Keepalive) renewOnce() {
 	cancel()
 
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	k.cancel = nil
 	if k.stopped || k.isLost() {
+		k.mu.Unlock()
 		return // a late success must not revive a lease already lost
 	}
 	if err == nil {
@@ -180,15 +180,19 @@ func (k *Keepalive) renewOnce() {
 		k.period = k.ttl
 		k.expiry.set(k.validUntil.Sub(k.now()))
 		k.next.set(k.ttl / 3)
+		k.mu.Unlock()
 		return
-	}
-	if k.onFail != nil {
-		k.onFail(err)
 	}
 	if errors.Is(err, ErrNotHeld) {
 		k.MarkLost()
-		return
+	} else {
+		// Transient: try again soon; the expiry alarm still bounds us.
+		k.next.set(k.period / 12)
 	}
-	// Transient: try again soon; the expiry alarm still bounds us.
-	k.next.set(k.period / 12)
+	k.mu.Unlock()
+	// Outside k.mu: the expiry alarm takes it, and a callback that blocks
+	// (a full log pipe) must not hold Lost open past the validity.
+	if k.onFail != nil {
+		k.onFail(err)
+	}
 }

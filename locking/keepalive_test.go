@@ -119,6 +119,25 @@ func TestKeepaliveLostWhileRenewalHangs(t *testing.T) {
 	k.Stop()
 }
 
+// A failure callback that blocks (a metrics sink or logger stuck on a full
+// pipe) must not hold Lost open past the lease's validity for a holder
+// already waiting on it (review-8 R8-6: onFail ran under the lock the
+// expiry alarm takes).
+func TestKeepaliveLostWhileOnFailBlocks(t *testing.T) {
+	const ttl = 150 * time.Millisecond
+	unblock := make(chan struct{})
+	k := StartKeepalive(ttl, time.Now(), func(context.Context) error { return errors.New("transient") },
+		func(error) { <-unblock })
+	lost := k.Lost() // taken while the lease is valid, as a holder's watcher does
+	select {
+	case <-lost:
+	case <-time.After(5 * ttl):
+		t.Error("Lost still open past the lease's validity while onFail blocked")
+	}
+	close(unblock)
+	k.Stop()
+}
+
 // A holder resumed after a pause past its lease must find Lost closed at
 // its first look, not once the expiry timer's goroutine gets to run. The
 // test's clock jumps past the TTL as a pause would, with no timer firing:
