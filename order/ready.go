@@ -57,26 +57,31 @@ func (s *Service) Start(ctx context.Context) error {
 	if err := s.store.RemoveReplica(ctx, s.cfg.Instance); err != nil {
 		return fmt.Errorf("announce replica %q: %w", s.cfg.Instance, err)
 	}
-	if err := s.store.Heartbeat(ctx, s.replica()); err != nil {
-		return fmt.Errorf("announce replica %q: %w", s.cfg.Instance, err)
-	}
-	if mixed, err := s.mixedPeers(ctx, false); err != nil || len(mixed) > 0 {
+	// From the announcement on, a failure takes the row back: left, it
+	// would count as a live replica of these settings for liveWithin and
+	// refuse newcomers with others (review 8, R8-8).
+	unannounce := func(err error) error {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
 		defer cancel()
 		if rerr := s.store.RemoveReplica(rctx, s.cfg.Instance); rerr != nil {
-			s.log.Warn("withdrawing replica failed", "err", rerr)
+			s.log.Warn("withdrawing replica failed: its row lapses in 15 s", "err", rerr)
 		}
-		if err != nil {
-			return fmt.Errorf("announce replica %q: %w", s.cfg.Instance, err)
-		}
-		return fmt.Errorf("%w: %s", ErrMixedSettings, strings.Join(mixed, "; "))
+		return err
+	}
+	if err := s.store.Heartbeat(ctx, s.replica()); err != nil {
+		return unannounce(fmt.Errorf("announce replica %q: %w", s.cfg.Instance, err))
+	}
+	if mixed, err := s.mixedPeers(ctx, false); err != nil {
+		return unannounce(fmt.Errorf("announce replica %q: %w", s.cfg.Instance, err))
+	} else if len(mixed) > 0 {
+		return unannounce(fmt.Errorf("%w: %s", ErrMixedSettings, strings.Join(mixed, "; ")))
 	}
 	// Alone with its settings now, it may take the fences over from
 	// another backend's tokens, other servers' of its own, or another
 	// guard's writes.
 	epoch, reset, err := s.store.AdoptFences(ctx, s.fleet())
 	if err != nil {
-		return fmt.Errorf("adopt fences for lock %q guard %q: %w", s.cfg.Lock, s.cfg.Guard, err)
+		return unannounce(fmt.Errorf("adopt fences for lock %q guard %q: %w", s.cfg.Lock, s.cfg.Guard, err))
 	}
 	s.epoch.Store(epoch)
 	if reset {

@@ -1,6 +1,8 @@
 package order_test
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"net/http"
 	"strings"
@@ -171,5 +173,46 @@ func TestLockSwitchResetsFences(t *testing.T) {
 	}
 	if _, reset, err := f.store.AdoptFences(ctx, storage.Fleet{Lock: "redis", LockID: id, Guard: "fencing"}); err != nil || reset {
 		t.Errorf("a second redis replica: reset %v, err %v; want no reset", reset, err)
+	}
+}
+
+// TestFailedAdoptionLeavesNoRow: a Start whose adoption of the fences
+// fails (here its ctx ends while another session holds meta's rows) takes
+// its announcement back, as a refused newcomer does: a row left behind
+// would count as a live replica for 15 s and refuse newcomers with other
+// settings (review-8 R8-8).
+func TestFailedAdoptionLeavesNoRow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	first := f.redisReplica(order.Config{Instance: "a1", Guard: storage.GuardVersion})
+	if err := first.Start(t.Context()); err != nil { // meta's rows exist from here
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second := f.redisReplica(order.Config{Instance: "a2", Guard: storage.GuardVersion}) // migrates meta
+	t.Cleanup(func() { second.Close() })
+	db, err := sql.Open("mysql", f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tx, err := db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(t.Context(), "SELECT * FROM meta FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	err = second.Start(ctx)
+	if err == nil || !strings.Contains(err.Error(), "adopt fences") {
+		t.Fatalf("start while meta is locked: %v; want the adoption's failure", err)
+	}
+	if names := live(t, f); names != "" {
+		t.Errorf("live replicas %q after a failed start; want none", names)
 	}
 }
