@@ -184,6 +184,7 @@ func (s *Service) whySuperseded(fleet storage.Fleet, epoch uint64) string {
 // (refuseIfWithdrawn); an operator restarts it with the fleet's settings.
 func (s *Service) withdraw(why error) {
 	s.log.Error("withdrawing this replica", "err", why)
+	s.whyWithdrawn = why // before the close, which publishes it
 	close(s.withdrawn)
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
@@ -204,6 +205,20 @@ func (s *Service) refuseIfWithdrawn() error {
 	default:
 		return nil
 	}
+}
+
+// beforeWrite is the check right before a write: nothing is written once
+// the lease is known lost, nor by a replica that withdrew while the
+// request waited for its lock or read (review 8, R8-5; the check at the
+// request's start alone let those write).
+func (s *Service) beforeWrite(leaseLost bool, what string) error {
+	if err := s.refuseIfWithdrawn(); err != nil {
+		return err
+	}
+	if leaseLost {
+		return fmt.Errorf("%w before the %s", ErrLockLost, what)
+	}
+	return nil
 }
 
 // Close stops the heartbeat and removes this replica's row, so a restart
@@ -310,6 +325,11 @@ func (s *Service) probeLock(ctx context.Context) error {
 // while it was away, so its fenced writes are refused, and its heartbeat
 // withdraws it.
 func (s *Service) checkPeers(ctx context.Context) error {
+	select {
+	case <-s.withdrawn: // for good, even once the fences name its settings again (review 8, R8-2)
+		return s.whyWithdrawn
+	default:
+	}
 	mixed, err := s.mixedPeers(ctx, true)
 	if err != nil {
 		s.log.Warn("replicas table unreadable", "err", err)

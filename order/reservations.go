@@ -168,8 +168,8 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	if len(short) > 0 {
 		return storage.Reservation{}, false, fmt.Errorf("%s: %w", strings.Join(short, ", "), storage.ErrOutOfStock)
 	}
-	if leases != nil && isClosed(leases.Lost()) {
-		return storage.Reservation{}, false, fmt.Errorf("%w before the hold", ErrLockLost)
+	if err := s.beforeWrite(leases != nil && isClosed(leases.Lost()), "hold"); err != nil {
+		return storage.Reservation{}, false, err
 	}
 	if err := s.invalidate(ctx, skus); err != nil {
 		return storage.Reservation{}, false, err
@@ -316,8 +316,8 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 	if err != nil {
 		return storage.Reservation{}, err
 	}
-	if leases != nil && isClosed(leases.Lost()) {
-		return storage.Reservation{}, fmt.Errorf("%w before the %s", ErrLockLost, opOf[to])
+	if err := s.beforeWrite(leases != nil && isClosed(leases.Lost()), opOf[to]); err != nil {
+		return storage.Reservation{}, err
 	}
 	if err := s.invalidate(ctx, skus); err != nil {
 		return storage.Reservation{}, err

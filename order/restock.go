@@ -29,8 +29,8 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersi
 			return storage.Inventory{}, err
 		}
 		defer s.release(ctx, lease, s.hold(lease))
-		if lost(lease) {
-			return storage.Inventory{}, fmt.Errorf("%w before the reset", ErrLockLost)
+		if err := s.beforeWrite(lost(lease), "reset"); err != nil {
+			return storage.Inventory{}, err
 		}
 		if s.cfg.Guard == storage.GuardFencing { // only fenced writes read the fence
 			put.Epoch, put.Token = s.epoch.Load(), lease.Token()

@@ -154,6 +154,8 @@ type Service struct {
 	// withdrawn is closed when this replica withdraws, superseded by
 	// another fleet (ready.go): its sweeper stops.
 	withdrawn chan struct{}
+	// whyWithdrawn is set before withdrawn is closed: /readyz's answer.
+	whyWithdrawn error
 
 	stopOnce  sync.Once
 	stop      chan struct{} // ends the heartbeat
@@ -331,8 +333,8 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request,
 	// after any check, even one just before COMMIT, still writes with a
 	// lost lease (Kleppmann, "How to do distributed locking", 2016); that is
 	// what the guards in step 6 are for.
-	if lost(lease) {
-		fail(filled, fmt.Errorf("%w before the write", ErrLockLost))
+	if err := s.beforeWrite(lost(lease), "write"); err != nil {
+		fail(filled, err)
 		return out
 	}
 	// The none and fencing guards build on the cached read, so the entry

@@ -1,11 +1,13 @@
 package order_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -237,8 +239,9 @@ func TestStragglerCannotCreateASKU(t *testing.T) {
 
 // TestWithdrawnReplicaRefusesWrites is review-7 R7-2: a replica of guard
 // none, superseded by a switch to fencing, withdraws; a client that still
-// addresses it directly gets 409 lock_lost for an order, a hold and a
-// reset, and nothing changes. Before, its order under guard none was 201
+// addresses it directly gets 409 lock_lost for an order, a hold, a reset,
+// a confirm and a cancel (the last two of the fleet's holds: review-8
+// R8-5), and nothing changes. Before, its order under guard none was 201
 // (MySQL compares no fence under that guard) beside the fleet's.
 func TestWithdrawnReplicaRefusesWrites(t *testing.T) {
 	t.Parallel()
@@ -250,18 +253,22 @@ func TestWithdrawnReplicaRefusesWrites(t *testing.T) {
 	if rec := call(cur.Handler(), http.MethodPut, "/v1/inventory/wd", `{"stock": 10}`, admin...); rec.Code != http.StatusOK {
 		t.Fatalf("the fleet's PUT: %d %s", rec.Code, rec.Body)
 	}
+	toConfirm := decodeReservation(t, hold(cur.Handler(), 0, "wd-c", "wd", 1))
+	toCancel := decodeReservation(t, hold(cur.Handler(), 0, "wd-x", "wd", 1))
 	h := straggler.Handler()
 	for name, rec := range map[string]*httptest.ResponseRecorder{
-		"order": post(h, "wd", 3, "Idempotency-Key", "wd-1"),
-		"hold":  hold(h, 0, "wd-h", "wd", 2),
-		"reset": call(h, http.MethodPut, "/v1/inventory/wd", `{"stock": 99}`, admin...),
+		"order":   post(h, "wd", 3, "Idempotency-Key", "wd-1"),
+		"hold":    hold(h, 0, "wd-h", "wd", 2),
+		"reset":   call(h, http.MethodPut, "/v1/inventory/wd", `{"stock": 99}`, admin...),
+		"confirm": settle(h, toConfirm.ID, "confirm"),
+		"cancel":  settle(h, toCancel.ID, "cancel"),
 	} {
 		if rec.Code != http.StatusConflict || !strings.Contains(rec.Body.String(), `"lock_lost"`) {
 			t.Errorf("the withdrawn replica's %s: %d %s, want 409 lock_lost", name, rec.Code, rec.Body)
 		}
 	}
-	if a := f.audit("wd"); a.Stock != 10 || a.Orders != 0 {
-		t.Errorf("audit %+v, want stock 10 and no order: the withdrawn replica wrote", a)
+	if a := f.audit("wd"); a.Stock != 8 || a.Reserved != 2 || a.Orders != 0 {
+		t.Errorf("audit %+v, want stock 8, reserved 2 (the fleet's holds) and no order: the withdrawn replica wrote", a)
 	}
 	if rec := post(cur.Handler(), "wd", 3, "Idempotency-Key", "wd-2"); rec.Code != http.StatusCreated {
 		t.Errorf("the fleet's order after: %d %s, want 201", rec.Code, rec.Body)
@@ -284,4 +291,80 @@ func (f *fixture) guardSwitch(instance string, old storage.Guard) (straggler, cu
 	})
 	reviveIfPresent(f.t, db, instance)
 	return straggler, cur
+}
+
+// TestWithdrawnReplicaStaysUnready is review-8 R8-2: a replica withdrawn
+// by a move to guard fencing stays unready when the fleet moves back to
+// its settings (a rollback): it heartbeats no more and refuses every
+// write, so a 200 would put a replica that answers only 409 back in the
+// balancer. Before, its /readyz was 200 once the fences named its
+// settings again, and its order 409 lock_lost.
+func TestWithdrawnReplicaStaysUnready(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	straggler, cur := f.guardSwitch("v1", storage.GuardVersion)
+	wantSuperseded(t, f, straggler, "v1", "the fences belong to lock=redis guard=fencing (epoch 1), this replica runs lock=redis guard=version (epoch 0)")
+	if err := cur.Close(); err != nil {
+		t.Fatal(err)
+	}
+	back := f.redisReplica(order.Config{Instance: "v2", Guard: storage.GuardVersion, AdminToken: adminToken})
+	if err := back.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { back.Close() })
+	if fleet, _, err := f.store.Fences(t.Context()); err != nil || fleet.Guard != string(storage.GuardVersion) {
+		t.Fatalf("fences after the rollback: %+v, %v; want guard version", fleet, err)
+	}
+	rec := call(straggler.Handler(), http.MethodGet, "/readyz", "")
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "superseded") {
+		t.Errorf("the withdrawn replica after the fleet came back to its settings: /readyz %d %s, want 503 naming it superseded", rec.Code, rec.Body)
+	}
+	wantCode(t, call(back.Handler(), http.MethodGet, "/readyz", ""), http.StatusOK, "")
+}
+
+// TestWithdrawalStopsAWriteInFlight is review-8 R8-5: an order of a guard
+// none replica that passed the entry check, holds the lock and has read,
+// waits (the fault hook) while the fleet moves to fencing and the replica
+// withdraws. Let go, it must not write: 409 lock_lost, no order, the stock
+// as it was. Before, only the request's start looked, and the order was
+// 201 beside the new fleet (guard none compares no fence).
+func TestWithdrawalStopsAWriteInFlight(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	db := f.rawDB(t)
+	entered, letGo := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hook := func(_ context.Context, at order.HookPoint, h order.HookInfo) {
+		if at == order.HookAfterRead && h.SKU == "inflight" {
+			once.Do(func() { close(entered) })
+			<-letGo
+		}
+	}
+	straggler := f.redisReplica(order.Config{Instance: "n1", Guard: storage.GuardNone, AdminToken: adminToken, FaultHook: hook})
+	if err := straggler.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { straggler.Close() })
+	admin := []string{"Authorization", "Bearer " + adminToken}
+	wantCode(t, call(straggler.Handler(), http.MethodPut, "/v1/inventory/inflight", `{"stock": 10}`, admin...), http.StatusOK, "")
+	answer := make(chan *httptest.ResponseRecorder, 1)
+	go func() { answer <- post(straggler.Handler(), "inflight", 1, "Idempotency-Key", "inflight-1") }()
+	select {
+	case <-entered:
+	case <-time.After(withdrawWithin):
+		t.Fatal("the order never reached the hook")
+	}
+	f.startWhileLapsed(db, "n1", func() *order.Service {
+		return f.redisReplica(order.Config{Instance: "f1", Guard: storage.GuardFencing, AdminToken: adminToken})
+	})
+	reviveIfPresent(t, db, "n1")
+	wantSuperseded(t, f, straggler, "n1", "the fences belong to lock=redis guard=fencing (epoch 1), this replica runs lock=redis guard=none (epoch 0)")
+	close(letGo)
+	rec := <-answer
+	if rec.Code != http.StatusConflict || !strings.Contains(rec.Body.String(), `"lock_lost"`) {
+		t.Errorf("the order let go after its replica withdrew: %d %s, want 409 lock_lost", rec.Code, rec.Body)
+	}
+	if a := f.audit("inflight"); a.Stock != 10 || a.Orders != 0 {
+		t.Errorf("audit %+v, want stock 10 and no order: the withdrawn replica wrote", a)
+	}
 }
