@@ -3,6 +3,8 @@ package locktest
 import (
 	"context"
 	"errors"
+	"net"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -17,7 +19,8 @@ import (
 //     start barrier releases them together);
 //   - the server killed and restarted with its data keeps it (no needless
 //     new fence epoch);
-//   - a fresh server gives another one (its tokens start again).
+//   - a fresh server gives another one (its tokens start again), also at
+//     the address of one that had an identity.
 //
 // It returns the first server and its identity, for checks of the
 // backend's own (a Redis that loses its data).
@@ -57,9 +60,25 @@ func Identity(t *testing.T, start func(context.Context, testbed.Options) (*testb
 	if got, err := IdentityOf(t, open(t, srv.Addr)); err != nil || got != id {
 		t.Errorf("identity after the server restarted with its data: %q, %v; want %q", got, err, id)
 	}
-	other := privateServer(t, start, testbed.Options{Args: opts.Args})
-	if got, err := IdentityOf(t, open(t, other.Addr)); err != nil || got == "" || got == id {
-		t.Errorf("identity on a fresh server: %q, %v; want one other than %q", got, err, id)
+	// A fresh server at the same address, as a new cluster under the same
+	// endpoints is: an identity derived from the address would not change
+	// (review-8 R8-12: on another port, it did).
+	gone := privateServer(t, start, testbed.Options{Args: opts.Args})
+	goneID, err := IdentityOf(t, open(t, gone.Addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, err := net.SplitHostPort(gone.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := strconv.Atoi(port)
+	fresh := privateServer(t, start, testbed.Options{Args: opts.Args, Port: p})
+	if got, err := IdentityOf(t, open(t, fresh.Addr)); err != nil || got == "" || got == goneID || got == id {
+		t.Errorf("identity on a fresh server at %s, where one with identity %q ran: %q, %v; want a new one", fresh.Addr, goneID, got, err)
 	}
 	return srv, id
 }
