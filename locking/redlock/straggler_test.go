@@ -1,6 +1,7 @@
 package redlock_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -281,7 +282,7 @@ func TestOvertakenAcquireRefused(t *testing.T) {
 				if err != nil {
 					return nil, err
 				}
-				return &heldConn{Conn: c, hold: &hold, delay: 300 * time.Millisecond}, nil
+				return &heldConn{Conn: c, hold: &hold, key: "lock:{overtaken}", delay: 300 * time.Millisecond}, nil
 			}
 		}
 		c := redis.NewUniversalClient(o)
@@ -313,12 +314,17 @@ func TestOvertakenAcquireRefused(t *testing.T) {
 	}
 }
 
-// heldConn holds back the first write made while hold is set by delay,
-// with every later write of the connection behind it (in order, as TCP
-// would deliver them), even past Close.
+// heldConn holds back the first script call (EVALSHA, or EVAL) on key
+// written while hold is set by delay, with every later write of the
+// connection behind it (in order, as TCP would deliver them), even past
+// Close. Other writes pass: another write to the node made first (a
+// waiter's SUBSCRIBE, a request of the warm-up still under way, on
+// another connection of the pool) must not take the hold, and let the
+// acquire through at once (it did, once in CI on the container testbed).
 type heldConn struct {
 	net.Conn
 	hold  *atomic.Bool
+	key   string // the lock key whose script call is held
 	delay time.Duration
 
 	mu      sync.Mutex
@@ -329,7 +335,7 @@ type heldConn struct {
 func (c *heldConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.pending == nil && c.hold.CompareAndSwap(true, false) {
+	if c.pending == nil && isScriptCall(p, c.key) && c.hold.CompareAndSwap(true, false) {
 		c.pending = make(chan []byte, 64)
 		go c.flush(time.Now().Add(c.delay))
 	}
@@ -338,6 +344,15 @@ func (c *heldConn) Write(p []byte) (int, error) {
 	}
 	c.pending <- slices.Clone(p)
 	return len(p), nil
+}
+
+// isScriptCall reports whether p, a command in RESP, calls a script on key.
+func isScriptCall(p []byte, key string) bool {
+	if !bytes.Contains(p, []byte("\r\n"+key+"\r\n")) {
+		return false
+	}
+	p = bytes.ToLower(p)
+	return bytes.Contains(p, []byte("\r\nevalsha\r\n")) || bytes.Contains(p, []byte("\r\neval\r\n"))
 }
 
 func (c *heldConn) flush(at time.Time) {
