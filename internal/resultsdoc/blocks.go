@@ -1,0 +1,401 @@
+package resultsdoc
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Blocks renders every block the documents may hold.
+func Blocks(ev Evidence) map[string]string {
+	return map[string]string{
+		"headline":           headline(ev),
+		"choose":             choose(ev),
+		"version-vs-fencing": versionVsFencing(ev),
+		"failover":           failover(ev),
+		"lab-time":           labTime(ev),
+		"labs":               labs(ev),
+		"default":            defaultTable(ev),
+		"sweep":              sweepTable(ev),
+		"faults":             faultTable(ev),
+	}
+}
+
+// Lock backends in the order the lab runs them; "none" is no lock.
+var lockOrder = []string{"local", "redis", "redlock", "zookeeper", "mysql", "etcd", "none"}
+
+var guardOrder = []string{"none", "version", "fencing", "atomic"}
+
+func orderOf(list []string, s string) int {
+	if i := slices.Index(list, s); i >= 0 {
+		return i
+	}
+	return len(list)
+}
+
+// orders keeps the direct-order runs of a lab (not the reservations).
+func orders(runs []Run) []Run {
+	var out []Run
+	for _, r := range runs {
+		if r.Workload == "" && r.Error == "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func find(runs []Run, backend, guard string) (Run, bool) {
+	for _, r := range runs {
+		if r.Backend == backend && r.Guard == guard {
+			return r, true
+		}
+	}
+	return Run{}, false
+}
+
+// tally is what a set of runs of one configuration found.
+type tally struct {
+	runs, safe, fired        int
+	overlaps, lost, oversold int
+	refused, unavailable     int
+}
+
+func count(runs []Run) tally {
+	var t tally
+	for _, r := range runs {
+		t.runs++
+		if r.Safe {
+			t.safe++
+		}
+		if !r.NotFired {
+			t.fired++
+		}
+		t.overlaps += r.Overlaps
+		t.lost += r.LostUpdates
+		t.oversold += r.Oversold
+		t.refused += r.StaleRefused
+		t.unavailable += r.Status["503"]
+	}
+	return t
+}
+
+func (t tally) cell() string {
+	if t.runs == 0 {
+		return "n/a"
+	}
+	s := fmt.Sprintf("%d/%d safe", t.safe, t.runs)
+	if t.lost > 0 || t.oversold > 0 {
+		s += fmt.Sprintf(", %d lost upd", t.lost)
+	}
+	if t.fired < t.runs {
+		s += fmt.Sprintf(" (%d fired)", t.fired)
+	}
+	return s
+}
+
+func filter(runs []Run, keep func(Run) bool) []Run {
+	var out []Run
+	for _, r := range runs {
+		if keep(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// faultNames are the faults of the matrix, in the order they first appear.
+func faultNames(runs []Run) []string {
+	var names []string
+	for _, r := range runs {
+		if r.Fault != "" && !slices.Contains(names, r.Fault) {
+			names = append(names, r.Fault)
+		}
+	}
+	return names
+}
+
+// mean is the mean of f over runs.
+func mean(runs []Run, f func(Run) float64) float64 {
+	if len(runs) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, r := range runs {
+		sum += f(r)
+	}
+	return sum / float64(len(runs))
+}
+
+// hot is the sweep's runs of one configuration on its hot-SKU cell.
+func hot(ev Evidence, backend, guard string) []Run {
+	return filter(ev.Sweep, func(r Run) bool {
+		return r.Backend == backend && r.Guard == guard && r.SKUs == 1 && r.Error == ""
+	})
+}
+
+func headline(ev Evidence) string {
+	def := orders(ev.Default)
+	var b strings.Builder
+	b.WriteString("| setup | runs | oversold | lost updates | every invariant held |\n|---|---|---:|---:|---|\n")
+	if r, ok := find(def, "local", "none"); ok {
+		fmt.Fprintf(&b, "| a mutex in each replica (`local/none`) | 1 | **%d** | **%d** | %s |\n", r.Oversold, r.LostUpdates, yesNo(r.Safe))
+	}
+	shared := filter(def, func(r Run) bool { return r.Guard == "none" && r.Backend != "local" && r.Backend != "none" })
+	t := count(shared)
+	fmt.Fprintf(&b, "| one shared lock, no guard (%s) | %d | %d | %d | %d of %d |\n",
+		backendList(shared), t.runs, t.oversold, t.lost, t.safe, t.runs)
+	lease := func(r Run) bool { return r.Backend != "none" }
+	t = count(filter(ev.Faults, func(r Run) bool { return lease(r) && r.Guard == "none" }))
+	fmt.Fprintf(&b, "| shared lock, no guard, under faults (%s) | %d | %d | **%d** | %d of %d |\n",
+		strings.Join(faultNames(ev.Faults), ", "), t.runs, t.oversold, t.lost, t.safe, t.runs)
+	t = count(filter(ev.Faults, func(r Run) bool { return lease(r) && (r.Guard == "version" || r.Guard == "fencing") }))
+	fmt.Fprintf(&b, "| shared lock + guard `version` or `fencing`, same faults | %d | %d | %d | **%d of %d** (%d stale writes refused) |\n",
+		t.runs, t.oversold, t.lost, t.safe, t.runs, t.refused)
+	return b.String()
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "**no**"
+}
+
+func backendList(runs []Run) string {
+	var names []string
+	for _, r := range runs {
+		if !slices.Contains(names, r.Backend) {
+			names = append(names, r.Backend)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// A choice is one row of the decision table; the situation and what is
+// operated are words, every figure comes from the runs.
+type choice struct {
+	situation, backend, guard, operate string
+}
+
+var choices = []choice{
+	{"You run Redis already (most teams): **the default pick**", "redis", "version", "one Redis (Sentinel or Cluster for failover) and MySQL"},
+	{"Redis, and a refused stale write must abort (409) rather than retry", "redis", "fencing", "as above, plus a `fence` column"},
+	{"Kubernetes or etcd at hand; a lock that survives its leader's failure", "etcd", "fencing", "a 3-member etcd cluster"},
+	{"ZooKeeper at hand", "zookeeper", "fencing", "a 3-node ZooKeeper ensemble"},
+	{"Nothing but MySQL", "mysql", "version", "nothing more: the leases live in MySQL"},
+	{"Independent Redis masters (Redlock)", "redlock", "version", "3 or 5 Redis masters; no fencing token"},
+	{"Only a stock decrement, no work between read and write", "none", "atomic", "nothing: no lock"},
+}
+
+func choose(ev Evidence) string {
+	var b strings.Builder
+	b.WriteString("| your situation | lock + guard | under the fault runs | hot SKU: orders/s, p99 ms | you operate |\n|---|---|---|---|---|\n")
+	for _, c := range choices {
+		fmt.Fprintf(&b, "| %s | `%s/%s` | %s | %s | %s |\n", c.situation, c.backend, c.guard,
+			survives(ev, c.backend, c.guard), hotCell(ev, c.backend, c.guard), c.operate)
+	}
+	return b.String()
+}
+
+// survives says which faults a configuration came through, from the
+// fault matrix.
+func survives(ev Evidence, backend, guard string) string {
+	runs := filter(ev.Faults, func(r Run) bool { return r.Backend == backend && r.Guard == guard })
+	if len(runs) == 0 {
+		return "not run"
+	}
+	var safe, unsafe []string
+	for _, f := range faultNames(runs) {
+		t := count(filter(runs, func(r Run) bool { return r.Fault == f }))
+		if t.safe == t.runs {
+			safe = append(safe, f)
+		} else {
+			unsafe = append(unsafe, fmt.Sprintf("%s %d/%d", f, t.runs-t.safe, t.runs))
+		}
+	}
+	t := count(runs)
+	s := fmt.Sprintf("safe %d/%d", t.safe, t.runs)
+	if len(safe) > 0 {
+		s += ": " + strings.Join(safe, ", ")
+	}
+	if len(unsafe) > 0 {
+		s += "; **unsafe** " + strings.Join(unsafe, ", ")
+	}
+	return s
+}
+
+func hotCell(ev Evidence, backend, guard string) string {
+	runs := hot(ev, backend, guard)
+	if len(runs) == 0 {
+		return "not run"
+	}
+	return fmt.Sprintf("%.0f, %.0f", mean(runs, func(r Run) float64 { return r.OrdersRPS }),
+		mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }))
+}
+
+func versionVsFencing(ev Evidence) string {
+	var b strings.Builder
+	b.WriteString("| lock | version: orders/s, p99 ms, refused writes | fencing: orders/s, p99 ms, refused writes |\n|---|---|---|\n")
+	cell := func(backend, guard string) string {
+		runs := hot(ev, backend, guard)
+		if len(runs) == 0 {
+			return "n/a (no fencing token)"
+		}
+		return fmt.Sprintf("%.0f, %.0f, %.0f", mean(runs, func(r Run) float64 { return r.OrdersRPS }),
+			mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }),
+			mean(runs, func(r Run) float64 { return float64(r.Conflicts) }))
+	}
+	for _, backend := range lockOrder {
+		if backend == "local" || backend == "none" || len(hot(ev, backend, "version")) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", backend, cell(backend, "version"), cell(backend, "fencing"))
+	}
+	if runs := hot(ev, "none", "version"); len(runs) > 0 {
+		fmt.Fprintf(&b, "| no lock | %s | n/a |\n", cell("none", "version"))
+	}
+	if r, ok := find(orders(ev.Default), "none", "version"); ok {
+		fmt.Fprintf(&b, "\nIn the default lab (%d orders at %d ms of work each, stock %d), `none/version` answered %.0f req/s, p50 %.0f ms, with %d refused writes retried; `redis/none` %s.\n",
+			r.Requests, 2, r.InitialStock, r.ThroughputRPS, r.LatencyMS.P50, r.Conflicts, defaultRate(ev, "redis", "none"))
+	}
+	return b.String()
+}
+
+func defaultRate(ev Evidence, backend, guard string) string {
+	r, ok := find(orders(ev.Default), backend, guard)
+	if !ok {
+		return "did not run"
+	}
+	return fmt.Sprintf("%.0f req/s, p50 %.0f ms", r.ThroughputRPS, r.LatencyMS.P50)
+}
+
+func failover(ev Evidence) string {
+	var b strings.Builder
+	b.WriteString("| fault on the redis lock | guard | runs safe | two holders at once | lost updates | stale writes refused | 503 answers |\n|---|---|---|---:|---:|---:|---:|\n")
+	for _, f := range []string{"redis-failover", "redis-restart"} {
+		for _, g := range guardOrder {
+			t := count(filter(ev.Faults, func(r Run) bool { return r.Backend == "redis" && r.Guard == g && r.Fault == f }))
+			if t.runs == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %s | %d/%d | %d | %d | %d | %d |\n", f, g, t.safe, t.runs, t.overlaps, t.lost, t.refused, t.unavailable)
+		}
+	}
+	return b.String()
+}
+
+func labTime(ev Evidence) string {
+	for _, l := range ev.Labs {
+		if l.Name == "default" {
+			return fmt.Sprintf("Measured here, `make lab` took %s (servers started once, then %d runs).", l.Wall, len(ev.Default))
+		}
+	}
+	return "The default lab has not been run for these documents."
+}
+
+func labs(ev Evidence) string {
+	var b strings.Builder
+	var machines []string
+	for _, l := range ev.Labs {
+		if !slices.Contains(machines, l.Machine) {
+			machines = append(machines, l.Machine)
+		}
+	}
+	fmt.Fprintf(&b, "Machine: %s.\n\n", strings.Join(machines, "; "))
+	b.WriteString("| results file | command | wall time |\n|---|---|---|\n")
+	for _, l := range ev.Labs {
+		fmt.Fprintf(&b, "| [docs/results/%s.json](results/%s.json) | `%s` | %s |\n", l.Name, l.Name, l.Command, l.Wall)
+	}
+	return b.String()
+}
+
+func defaultTable(ev Evidence) string {
+	var b strings.Builder
+	b.WriteString("| run | answers | sold / stock | oversold | lost updates | lost acks | duplicates | req/s | p50 ms | p99 ms | refused writes | safe |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, r := range orders(ev.Default) {
+		fmt.Fprintf(&b, "| %s | %s | %d / %d | %d | %d | %d | %d | %.0f | %.1f | %.1f | %d | %s |\n",
+			r.Name(), answers(r), r.OrderedQuantity, r.InitialStock, r.Oversold, r.LostUpdates, r.LostAcks, r.Duplicates,
+			r.ThroughputRPS, r.LatencyMS.P50, r.LatencyMS.P99, r.Conflicts, yesNo(r.Safe))
+	}
+	res := filter(ev.Default, func(r Run) bool { return r.Workload != "" })
+	if len(res) > 0 {
+		b.WriteString("\nCheckouts (`--workload reservations`, one run per backend):\n\n| run | oversold | lost updates | safe |\n|---|---:|---:|---|\n")
+		for _, r := range res {
+			fmt.Fprintf(&b, "| %s | %d | %d | %s |\n", r.Name(), r.Oversold, r.LostUpdates, yesNo(r.Safe))
+		}
+	}
+	return b.String()
+}
+
+func answers(r Run) string {
+	var codes []string
+	for c := range r.Status {
+		codes = append(codes, c)
+	}
+	slices.Sort(codes)
+	var parts []string
+	for _, c := range codes {
+		parts = append(parts, fmt.Sprintf("%s×%d", c, r.Status[c]))
+	}
+	return strings.Join(parts, " ")
+}
+
+func sweepTable(ev Evidence) string {
+	type key struct{ backend, guard string }
+	var keys []key
+	for _, r := range ev.Sweep {
+		k := key{r.Backend, r.Guard}
+		if r.SKUs == 1 && !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortStableFunc(keys, func(a, b key) int {
+		if d := orderOf(lockOrder, a.backend) - orderOf(lockOrder, b.backend); d != 0 {
+			return d
+		}
+		return orderOf(guardOrder, a.guard) - orderOf(guardOrder, b.guard)
+	})
+	ceiling := mean(hot(ev, "none", "atomic"), func(r Run) float64 { return r.OrdersRPS })
+	var b strings.Builder
+	b.WriteString("| run | runs | orders/s | ratio to none/atomic | p50 ms | p99 ms | refused writes | lost updates |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, k := range keys {
+		runs := hot(ev, k.backend, k.guard)
+		o := mean(runs, func(r Run) float64 { return r.OrdersRPS })
+		ratio := "-"
+		if ceiling > 0 {
+			ratio = fmt.Sprintf("%.2f", o/ceiling)
+		}
+		fmt.Fprintf(&b, "| %s/%s | %d | %.0f | %s | %.0f | %.0f | %.0f | %d |\n", k.backend, k.guard, len(runs), o, ratio,
+			mean(runs, func(r Run) float64 { return r.LatencyMS.P50 }),
+			mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }),
+			mean(runs, func(r Run) float64 { return float64(r.Conflicts) }),
+			count(runs).lost)
+	}
+	return b.String()
+}
+
+func faultTable(ev Evidence) string {
+	var backends []string
+	for _, r := range ev.Faults {
+		if !slices.Contains(backends, r.Backend) {
+			backends = append(backends, r.Backend)
+		}
+	}
+	slices.SortFunc(backends, func(a, b string) int { return orderOf(lockOrder, a) - orderOf(lockOrder, b) })
+	var b strings.Builder
+	b.WriteString("| fault | guard | " + strings.Join(backends, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(backends)) + "\n")
+	for _, f := range faultNames(ev.Faults) {
+		for _, g := range guardOrder {
+			row := filter(ev.Faults, func(r Run) bool { return r.Fault == f && r.Guard == g })
+			if len(row) == 0 {
+				continue
+			}
+			cells := make([]string, len(backends))
+			for i, backend := range backends {
+				cells[i] = count(filter(row, func(r Run) bool { return r.Backend == backend })).cell()
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", f, g, strings.Join(cells, " | "))
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,118 @@
+package resultsdoc
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestCommittedDocsMatchTheRuns: every generated block of README.md and
+// docs/results.md is what the generator makes of the committed runs in
+// docs/results/, so no figure there was typed or edited by hand. After a
+// new lab run, or an edit inside a block: `make results`.
+func TestCommittedDocsMatchTheRuns(t *testing.T) {
+	root := filepath.Join("..", "..")
+	docs, err := Generate(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range Documents {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), "<!-- results:") {
+			t.Errorf("%s has no generated block", name)
+		}
+		if string(b) != docs[name] {
+			t.Errorf("%s: a generated block differs from what docs/results/*.json give; run `make results`\n%s", name, firstDiff(string(b), docs[name]))
+		}
+	}
+}
+
+func firstDiff(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := range min(len(al), len(bl)) {
+		if al[i] != bl[i] {
+			return "line " + strconv.Itoa(i+1) + ":\n  committed: " + al[i] + "\n  generated: " + bl[i]
+		}
+	}
+	return "lengths differ"
+}
+
+
+func fixture(t *testing.T) Evidence {
+	t.Helper()
+	ev, err := Load("testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+// TestBlocksFromFixture: the figures in each block are the fixture's, and
+// computed as the documents say (means over repeats, safe counts).
+func TestBlocksFromFixture(t *testing.T) {
+	blocks := Blocks(fixture(t))
+	for _, c := range []struct{ block, want string }{
+		{"headline", "| a mutex in each replica (`local/none`) | 1 | **198** | **198** | **no** |"},
+		{"headline", "| one shared lock, no guard (redis, etcd) | 2 | 0 | 0 | 2 of 2 |"},
+		{"headline", "| shared lock, no guard, under faults (pause-holder, redis-failover) | 2 | 0 | **4** | 0 of 2 |"},
+		{"headline", "**4 of 4** (5 stale writes refused)"},
+		// redis/version: two sweep runs, means 2100 orders/s and p99 80 ms.
+		{"choose", "| `redis/version` | safe 1/1: pause-holder | 2100, 80 |"},
+		{"choose", "| `redis/fencing` | safe 2/2: pause-holder, redis-failover | 1900, 80 |"},
+		{"choose", "| `none/atomic` | not run | 800, 150 |"},
+		{"version-vs-fencing", "| redis | 2100, 80, 1 | 1900, 80, 0 |"},
+		{"version-vs-fencing", "`none/version` answered 72 req/s, p50 1011 ms, with 3594 refused writes retried"},
+		{"failover", "| redis-failover | none | 0/1 | 1 | 1 | 0 | 0 |"},
+		{"failover", "| redis-failover | fencing | 1/1 | 0 | 0 | 1 | 4 |"},
+		{"lab-time", "`make lab` took 1m30s"},
+		{"labs", "Machine: Test CPU, 2 cores, Debian."},
+		{"sweep", "| redis/version | 2 | 2100 | 2.62 | 10 | 80 | 1 | 0 |"},
+		{"faults", "| redis-failover | none | 0/1 safe, 1 lost upd | n/a |"},
+		{"default", "| redis/none | 0 | 0 | yes |"},
+	} {
+		if !strings.Contains(blocks[c.block], c.want) {
+			t.Errorf("block %s lacks %q:\n%s", c.block, c.want, blocks[c.block])
+		}
+	}
+	if strings.Contains(blocks["faults"], "redis-failover | fencing | 1/1 safe | n/a") == false {
+		t.Errorf("a fault that does not apply (etcd, redis-failover) must be n/a:\n%s", blocks["faults"])
+	}
+}
+
+func TestRewrite(t *testing.T) {
+	doc := "intro\n<!-- results:a -->\nold\nlines\n<!-- /results:a -->\nmiddle\n<!-- results:b -->\n<!-- /results:b -->\nend\n"
+	got, err := Rewrite(doc, map[string]string{"a": "new\n", "b": "B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "intro\n<!-- results:a -->\nnew\n<!-- /results:a -->\nmiddle\n<!-- results:b -->\nB\n<!-- /results:b -->\nend\n"
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	for _, bad := range []string{
+		"<!-- results:c -->\nx\n<!-- /results:c -->\n", // no generator
+		"<!-- results:a -->\nx\n<!-- /results:b -->\n", // crossed markers
+		"<!-- results:a -->\nx\n",                      // never ends
+	} {
+		if _, err := Rewrite(bad, map[string]string{"a": "A", "b": "B"}); err == nil {
+			t.Errorf("Rewrite(%q) = nil error", bad)
+		}
+	}
+}
+
+func TestParseHeader(t *testing.T) {
+	md := "# oversold lab results\n\n`lab --sweep --out /tmp/x --backends redis`, 2026-01-02 03:04 UTC, 2m10s wall time.\n\nMachine: Some CPU, 2 cores, Debian (Linux 6.1), go1.26.\n\n| run |"
+	lab, err := parseHeader(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Lab{Command: "go run ./cmd/lab --sweep --backends redis", Wall: "2m10s", Machine: "Some CPU, 2 cores, Debian (Linux 6.1), go1.26"}
+	if lab != want {
+		t.Errorf("got %+v, want %+v", lab, want)
+	}
+}
