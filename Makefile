@@ -11,7 +11,7 @@ ARGS     ?=
 # Redocly CLI, pinned: npx keeps it in npm's cache after the first run.
 REDOCLY  := @redocly/cli@2.77.0
 
-.PHONY: deps lab test test-containers images compose-demo vet bench openapi-lint
+.PHONY: deps lab test test-containers images compose-demo vet bench openapi-lint results results-labs
 
 # Installs the Debian server packages that are missing; the project starts
 # its own private servers from them, so none needs to run as a service.
@@ -29,6 +29,25 @@ deps:
 
 lab: deps
 	$(GO) run ./cmd/lab $(ARGS)
+
+# The figures of README.md and docs/results.md, rewritten from the lab runs
+# in docs/results/*.json (cmd/results); a test in make test checks them.
+results:
+	$(GO) run ./cmd/results
+
+# Runs the labs behind docs/results/ again, one at a time (about half an
+# hour on 2 cores), stores their results.json there, then rewrites the figures.
+LABS := $(or $(TMPDIR),/tmp)/oversold-results
+FAULTS := --fault pause-holder,delayed-write,kill-holder,redis-restart,redis-failover,redlock-node-restart \
+	--repeat 5 --lock-ttl 1s --stock 20 --requests 60 --rate 200 --workers 16 --replicas 3
+results-labs: deps
+	$(GO) run ./cmd/lab --out $(LABS)/default
+	$(GO) run ./cmd/lab --out $(LABS)/sweep --sweep --backends none,redis,redlock,zookeeper,mysql,etcd \
+		--guards none,version,fencing --replicas 3 --skus 1 --repeat 3
+	$(GO) run ./cmd/lab --out $(LABS)/faults $(FAULTS) --backends redis,redlock,zookeeper,mysql,etcd --guards none,version,fencing
+	$(GO) run ./cmd/results -import default=$(LABS)/default
+	$(GO) run ./cmd/results -import sweep=$(LABS)/sweep
+	$(GO) run ./cmd/results -import faults=$(LABS)/faults
 
 vet:
 	$(GO) vet ./...
