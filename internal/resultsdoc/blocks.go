@@ -200,6 +200,9 @@ func choose(ev Evidence) string {
 // survives says which faults a configuration came through, from the
 // fault matrix.
 func survives(ev Evidence, backend, guard string) string {
+	if backend == "none" {
+		return "no lock, no holder: the lock faults do not apply"
+	}
 	runs := filter(ev.Faults, func(r Run) bool { return r.Backend == backend && r.Guard == guard })
 	if len(runs) == 0 {
 		return "not run"
@@ -255,8 +258,8 @@ func versionVsFencing(ev Evidence) string {
 		fmt.Fprintf(&b, "| no lock | %s | n/a |\n", cell("none", "version"))
 	}
 	if r, ok := find(orders(ev.Default), "none", "version"); ok {
-		fmt.Fprintf(&b, "\nIn the default lab (%d orders at %d ms of work each, stock %d), `none/version` answered %.0f req/s, p50 %.0f ms, with %d refused writes retried; `redis/none` %s.\n",
-			r.Requests, 2, r.InitialStock, r.ThroughputRPS, r.LatencyMS.P50, r.Conflicts, defaultRate(ev, "redis", "none"))
+		fmt.Fprintf(&b, "\nIn the default lab (%d orders, %s of work each, stock %d), `none/version` answered %.0f req/s, p50 %.0f ms, with %d refused writes retried; `redis/none` %s.\n",
+			r.Requests, r.WorkDelay, r.InitialStock, r.ThroughputRPS, r.LatencyMS.P50, r.Conflicts, defaultRate(ev, "redis", "none"))
 	}
 	return b.String()
 }

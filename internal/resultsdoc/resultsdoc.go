@@ -39,6 +39,7 @@ type Run struct {
 		P99 float64 `json:"p99"`
 	} `json:"latency_ms"`
 	SKUs          int     `json:"skus"`
+	WorkDelay     string  `json:"work_delay"`
 	OrdersRPS     float64 `json:"orders_rps"`
 	Conflicts     int     `json:"guard_conflicts"`
 	Safe          bool    `json:"safe"`

@@ -42,7 +42,6 @@ func firstDiff(a, b string) string {
 	return "lengths differ"
 }
 
-
 func fixture(t *testing.T) Evidence {
 	t.Helper()
 	ev, err := Load("testdata")
@@ -64,7 +63,8 @@ func TestBlocksFromFixture(t *testing.T) {
 		// redis/version: two sweep runs, means 2100 orders/s and p99 80 ms.
 		{"choose", "| `redis/version` | safe 1/1: pause-holder | 2100, 80 |"},
 		{"choose", "| `redis/fencing` | safe 2/2: pause-holder, redis-failover | 1900, 80 |"},
-		{"choose", "| `none/atomic` | not run | 800, 150 |"},
+		{"choose", "| `none/atomic` | no lock, no holder: the lock faults do not apply | 800, 150 |"},
+		{"version-vs-fencing", "(600 orders, 2ms of work each, stock 100)"},
 		{"version-vs-fencing", "| redis | 2100, 80, 1 | 1900, 80, 0 |"},
 		{"version-vs-fencing", "`none/version` answered 72 req/s, p50 1011 ms, with 3594 refused writes retried"},
 		{"failover", "| redis-failover | none | 0/1 | 1 | 1 | 0 | 0 |"},
