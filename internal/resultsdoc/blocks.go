@@ -178,7 +178,7 @@ type choice struct {
 }
 
 var choices = []choice{
-	{"You run Redis already (most teams): **the default pick**", "redis", "version", "one Redis (Sentinel or Cluster for failover) and MySQL"},
+	{"You run Redis already: **the default pick**", "redis", "version", "one Redis (Sentinel or Cluster for failover) and MySQL"},
 	{"Redis, and a refused stale write must abort (409) rather than retry", "redis", "fencing", "as above, plus a `fence` column"},
 	{"Kubernetes or etcd at hand; a lock that survives its leader's failure", "etcd", "fencing", "a 3-member etcd cluster"},
 	{"ZooKeeper at hand", "zookeeper", "fencing", "a 3-node ZooKeeper ensemble"},
