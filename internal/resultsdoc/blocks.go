@@ -274,17 +274,34 @@ func defaultRate(ev Evidence, backend, guard string) string {
 
 func failover(ev Evidence) string {
 	var b strings.Builder
-	b.WriteString("| fault on the redis lock | guard | runs safe | two holders at once | lost updates | stale writes refused | 503 answers |\n|---|---|---|---:|---:|---:|---:|\n")
+	b.WriteString("| fault on the redis lock | guard | runs safe | two holders at once | lost updates | stale writes refused | 503 answers | orders resumed after: median s (longest) |\n|---|---|---|---:|---:|---:|---:|---|\n")
 	for _, f := range []string{"redis-failover", "redis-restart"} {
 		for _, g := range guardOrder {
 			t := count(filter(ev.Faults, func(r Run) bool { return r.Backend == "redis" && r.Guard == g && r.Fault == f }))
 			if t.runs == 0 {
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %s | %d/%d | %d | %d | %d | %d |\n", f, g, t.safe, t.runs, t.overlaps, t.lost, t.refused, t.unavailable)
+			runs := filter(ev.Faults, func(r Run) bool { return r.Backend == "redis" && r.Guard == g && r.Fault == f })
+			fmt.Fprintf(&b, "| %s | %s | %d/%d | %d | %d | %d | %d | %s |\n", f, g, t.safe, t.runs, t.overlaps, t.lost, t.refused, t.unavailable, recovery(runs))
 		}
 	}
 	return b.String()
+}
+
+// recovery is the median and the longest time the runs took to take
+// orders again after the fault, where the scenario measured it.
+func recovery(runs []Run) string {
+	var ms []float64
+	for _, r := range runs {
+		if r.RecoveryMS != nil {
+			ms = append(ms, *r.RecoveryMS)
+		}
+	}
+	if len(ms) == 0 {
+		return "-"
+	}
+	slices.Sort(ms)
+	return fmt.Sprintf("%.1f (%.1f)", ms[(len(ms)-1)/2]/1000, ms[len(ms)-1]/1000)
 }
 
 func labTime(ev Evidence) string {

@@ -38,18 +38,19 @@ type Run struct {
 		P50 float64 `json:"p50"`
 		P99 float64 `json:"p99"`
 	} `json:"latency_ms"`
-	SKUs          int     `json:"skus"`
-	WorkDelay     string  `json:"work_delay"`
-	OrdersRPS     float64 `json:"orders_rps"`
-	Conflicts     int     `json:"guard_conflicts"`
-	Safe          bool    `json:"safe"`
-	Error         string  `json:"error"`
-	Overlaps      int     `json:"overlaps"`
-	StaleRefused  int     `json:"stale_writes_refused"`
-	NotFired      bool    `json:"fault_not_fired"`
-	NotApplicable bool    `json:"not_applicable"`
-	Workload      string  `json:"workload"`
-	DurationS     float64 `json:"duration_s"`
+	SKUs          int      `json:"skus"`
+	WorkDelay     string   `json:"work_delay"`
+	RecoveryMS    *float64 `json:"recovery_ms"`
+	OrdersRPS     float64  `json:"orders_rps"`
+	Conflicts     int      `json:"guard_conflicts"`
+	Safe          bool     `json:"safe"`
+	Error         string   `json:"error"`
+	Overlaps      int      `json:"overlaps"`
+	StaleRefused  int      `json:"stale_writes_refused"`
+	NotFired      bool     `json:"fault_not_fired"`
+	NotApplicable bool     `json:"not_applicable"`
+	Workload      string   `json:"workload"`
+	DurationS     float64  `json:"duration_s"`
 }
 
 // Name is the run's configuration, "redis/version".
