@@ -87,6 +87,9 @@ func (t tally) cell() string {
 	if t.lost > 0 || t.oversold > 0 {
 		s += fmt.Sprintf(", %d lost upd", t.lost)
 	}
+	if t.oversold > 0 {
+		s += fmt.Sprintf(", **%d oversold**", t.oversold)
+	}
 	if t.fired < t.runs {
 		s += fmt.Sprintf(" (%d fired)", t.fired)
 	}
@@ -274,7 +277,7 @@ func defaultRate(ev Evidence, backend, guard string) string {
 
 func failover(ev Evidence) string {
 	var b strings.Builder
-	b.WriteString("| fault on the redis lock | guard | runs safe | two holders at once | lost updates | stale writes refused | 503 answers | orders resumed after: median s (longest) |\n|---|---|---|---:|---:|---:|---:|---|\n")
+	b.WriteString("| fault on the redis lock | guard | runs safe | two holders at once | oversold | lost updates | stale writes refused | 503 answers | orders resumed after: median s (longest) |\n|---|---|---|---:|---:|---:|---:|---:|---|\n")
 	for _, f := range []string{"redis-failover", "redis-restart"} {
 		for _, g := range guardOrder {
 			t := count(filter(ev.Faults, func(r Run) bool { return r.Backend == "redis" && r.Guard == g && r.Fault == f }))
@@ -282,7 +285,7 @@ func failover(ev Evidence) string {
 				continue
 			}
 			runs := filter(ev.Faults, func(r Run) bool { return r.Backend == "redis" && r.Guard == g && r.Fault == f })
-			fmt.Fprintf(&b, "| %s | %s | %d/%d | %d | %d | %d | %d | %s |\n", f, g, t.safe, t.runs, t.overlaps, t.lost, t.refused, t.unavailable, recovery(runs))
+			fmt.Fprintf(&b, "| %s | %s | %d/%d | %d | %d | %d | %d | %d | %s |\n", f, g, t.safe, t.runs, t.overlaps, t.oversold, t.lost, t.refused, t.unavailable, recovery(runs))
 		}
 	}
 	return b.String()
