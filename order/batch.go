@@ -3,6 +3,7 @@ package order
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -38,8 +39,11 @@ type queues struct {
 }
 
 // enqueue puts req in its SKU's queue, starting the SKU's drain if none
-// runs, and waits for its outcome. A client that leaves is answered at
-// once; if its order was already taken, the batch still settles it.
+// runs, and waits for its outcome. A client that leaves while its order
+// queues takes the order out, and nothing of it is written. Once a batch
+// has taken it, the order is written or not with the batch, and the
+// answer waits for that outcome (bounded by the batch's own bounds): a
+// 503 after a commit would tell the client to buy again.
 func (s *Service) enqueue(ctx context.Context, req Request) (Order, bool, error) {
 	p := &pending{ctx: ctx, req: req, deadline: time.Now().Add(s.cfg.LockWait), done: make(chan outcome, 1)}
 	s.queues.mu.Lock()
@@ -49,12 +53,29 @@ func (s *Service) enqueue(ctx context.Context, req Request) (Order, bool, error)
 	if !running {
 		go s.drain(req.SKU)
 	}
+	var r outcome
 	select {
-	case r := <-p.done:
-		return r.order, r.replayed, r.err
+	case r = <-p.done:
 	case <-ctx.Done():
-		return Order{}, false, ctx.Err()
+		if s.leave(p) {
+			return Order{}, false, ctx.Err()
+		}
+		r = <-p.done // taken (or answered) already
 	}
+	return r.order, r.replayed, r.err
+}
+
+// leave takes p out of its SKU's queue and reports whether it was there:
+// false once a batch has taken it.
+func (s *Service) leave(p *pending) bool {
+	s.queues.mu.Lock()
+	defer s.queues.mu.Unlock()
+	q := s.queues.m[p.req.SKU]
+	if i := slices.Index(q, p); i >= 0 {
+		s.queues.m[p.req.SKU] = slices.Delete(q, i, i+1)
+		return true
+	}
+	return false
 }
 
 // drain sells the SKU's queue, batch after batch, until it is empty.

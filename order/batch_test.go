@@ -2,9 +2,12 @@ package order_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -278,5 +281,158 @@ func TestRetryRacesItsOwnTry(t *testing.T) {
 	}
 	if a := f.audit("rr-order"); a.Orders != 1 || a.Stock != 0 {
 		t.Errorf("MySQL %+v, want the one order", a)
+	}
+}
+
+// TestBatchOutlivesItsRequests: one replica, the lock granted within 1s,
+// each request bounded at 2s, 100ms of work per order: 40 keyed orders for
+// one SKU at once make batches that run past their requests' time. An
+// order answered 503 must not be in MySQL (its client retries without a
+// key and buys twice), every 201 must be, and the created metric counts
+// what committed.
+func TestBatchOutlivesItsRequests(t *testing.T) {
+	t.Parallel()
+	const clients = 40
+	f := newFixture(t)
+	f.stock("bo-hot", 100)
+	locker, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { locker.Close() })
+	s := f.service(locker, order.Config{Lock: "redis", Guard: storage.GuardVersion,
+		LockWait: time.Second, RequestTimeout: 2 * time.Second, WorkDelay: 100 * time.Millisecond})
+	// Another replica holds the lock while the orders queue, so that they
+	// make one batch of 4s of work, as a first small batch made it in the
+	// review; it lets go once all have queued, within their lock wait.
+	lease := f.holdLock("bo-hot")
+	recs := make([]*httptest.ResponseRecorder, clients)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			<-start
+			recs[i] = post(s.Handler(), "bo-hot", 1, "Idempotency-Key", fmt.Sprintf("bo-%02d", i))
+		})
+	}
+	close(start)
+	begin := time.Now()
+	for order.Queued(s, "bo-hot") < clients && time.Since(begin) < 800*time.Millisecond {
+		time.Sleep(time.Millisecond)
+	}
+	queued := order.Queued(s, "bo-hot")
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d queued in %v", queued, time.Since(begin).Round(time.Millisecond))
+	wg.Wait()
+	// A batch may still be writing orders answered already: MySQL is read
+	// once the SKU's drain has ended.
+	for deadline := time.Now().Add(30 * time.Second); order.Draining(s, "bo-hot"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the SKU's batches still run after 30s")
+		}
+	}
+
+	codes := map[string]int{}
+	lied := 0 // answered 503, yet in MySQL
+	for i, r := range recs {
+		code := strconv.Itoa(r.Code)
+		if r.Code >= 300 {
+			code += " " + errorCode(t, r)
+		}
+		codes[code]++
+		_, err := f.store.OrderByKey(t.Context(), fmt.Sprintf("bo-%02d", i))
+		inMySQL := err == nil
+		if err != nil && !errors.Is(err, storage.ErrNotFound) {
+			t.Fatal(err)
+		}
+		switch r.Code {
+		case http.StatusCreated:
+			if !inMySQL {
+				t.Errorf("order %d answered 201, not in MySQL", i)
+			}
+		case http.StatusServiceUnavailable:
+			if inMySQL {
+				lied++
+			}
+		default:
+			t.Errorf("order %d: %d %s", i, r.Code, r.Body)
+		}
+	}
+	a := f.audit("bo-hot")
+	created := metric(t, s.Handler(), `oversold_orders_total{guard="version",lock="redis",outcome="created",replica="r1"}`)
+	t.Logf("answers %v; MySQL: %d orders; created metric %d", codes, a.Orders, created)
+	if lied > 0 {
+		t.Errorf("%d of %d answered 503 while committed", lied, clients)
+	}
+	if created != a.Orders || int64(codes["201"]) != a.Orders {
+		t.Errorf("%d answered 201, created metric %d, %d orders in MySQL: want all three equal", codes["201"], created, a.Orders)
+	}
+}
+
+// metric is the value of one series on h's /metrics.
+func metric(t *testing.T, h http.Handler, series string) int64 {
+	t.Helper()
+	body := call(h, http.MethodGet, "/metrics", "").Body.String()
+	for line := range strings.Lines(body) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), series+" "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no series %s in /metrics", series)
+	return 0
+}
+
+// TestQueuedOrderLeaves: a client that gives up while its order queues
+// (the lock held elsewhere) is answered at once, 503, and its order leaves
+// the queue: the batch that sells the order queued beside it writes
+// nothing of it.
+func TestQueuedOrderLeaves(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("lv", 10)
+	s := f.redisReplica(order.Config{Guard: storage.GuardVersion})
+	lease := f.holdLock("lv")
+	ctx, cancel := context.WithCancel(t.Context())
+	recs := make([]*httptest.ResponseRecorder, 2)
+	left := make(chan struct{})
+	wait := f.inOrder(s, "lv", 2, func(i int) {
+		body := `{"sku":"lv","quantity":1}`
+		req := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("lv-%d", i))
+		if i == 0 {
+			req = req.WithContext(ctx)
+			defer close(left)
+		}
+		recs[i] = httptest.NewRecorder()
+		s.Handler().ServeHTTP(recs[i], req)
+	})
+	cancel()
+	select {
+	case <-left:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client that left was not answered while the lock was held")
+	}
+	if n := order.Queued(s, "lv"); n != 1 {
+		t.Errorf("%d orders queued after one left, want 1", n)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wait()
+	if recs[0].Code != http.StatusServiceUnavailable || recs[1].Code != http.StatusCreated {
+		t.Errorf("the order that left: %d %s; the other: %d %s; want 503 and 201", recs[0].Code, recs[0].Body, recs[1].Code, recs[1].Body)
+	}
+	if _, err := f.store.OrderByKey(t.Context(), "lv-0"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("the order that left: %v, want not in MySQL", err)
+	}
+	if a := f.audit("lv"); a.Orders != 1 || a.Stock != 9 {
+		t.Errorf("audit %+v, want the one order that stayed", a)
 	}
 }
