@@ -363,6 +363,9 @@ func TestBatchOutlivesItsRequests(t *testing.T) {
 	a := f.audit("bo-hot")
 	created := metric(t, s.Handler(), `oversold_orders_total{guard="version",lock="redis",outcome="created",replica="r1"}`)
 	t.Logf("answers %v; MySQL: %d orders; created metric %d", codes, a.Orders, created)
+	if a.Orders == 0 {
+		t.Errorf("nothing was sold: the lock was not granted within the lock wait, and the batch this test is about never ran")
+	}
 	if lied > 0 {
 		t.Errorf("%d of %d answered 503 while committed", lied, clients)
 	}
@@ -434,5 +437,68 @@ func TestQueuedOrderLeaves(t *testing.T) {
 	}
 	if a := f.audit("lv"); a.Orders != 1 || a.Stock != 9 {
 		t.Errorf("audit %+v, want the one order that stayed", a)
+	}
+}
+
+// noInvalidate is a stock cache whose deletes fail, as a stalled Redis's
+// do: the fencing guard must not write then.
+type noInvalidate struct{ order.Cache }
+
+func (noInvalidate) Invalidate(ctx context.Context, sku string) error {
+	return errors.New("redis: i/o timeout")
+}
+
+// TestShortOrderSharesAPreWriteFailure: in a batch of three orders of one
+// with two in stock, the third is short only beside the other two. When a
+// step before the write fails (the lease lost, the cache entry that the
+// fencing guard must delete first), the batch writes nothing: the third
+// is not out_of_stock, whose stock is still there (sent again, it is
+// sold). It shares the batch's answer.
+func TestShortOrderSharesAPreWriteFailure(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	closed := make(chan struct{})
+	close(closed)
+	for _, c := range []struct {
+		name  string
+		guard storage.Guard
+		lost  bool                          // every lease lost from its grant
+		wrap  func(order.Cache) order.Cache // nil: the cache as it is
+		want  string                        // the batch's answer
+	}{
+		{"lease-lost", storage.GuardVersion, true, nil, "lock_lost"},
+		{"cache-stalled", storage.GuardFencing, false, func(c order.Cache) order.Cache { return noInvalidate{c} }, "unavailable"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sku := "pw-" + c.name
+			f.stock(sku, 2)
+			l, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			var locker order.Locker = l
+			if c.lost {
+				locker = lostLocker{Locker: l, lose: closed}
+			}
+			s := f.serviceWith(f.openStore(), c.wrap, locker, order.Config{Lock: "redis", Guard: c.guard, LockWait: time.Minute})
+			keys := []string{sku + "-0", sku + "-1", sku + "-2"}
+			recs := f.queued(s, sku, keys, func(int) int { return 1 })
+			for i, r := range recs {
+				if r.Code < 300 {
+					t.Errorf("order %d: %d %s, want %s", i, r.Code, r.Body, c.want)
+				} else if code := errorCode(t, r); code != c.want {
+					t.Errorf("order %d: %d %s, want %s: the batch wrote nothing", i, r.Code, code, c.want)
+				}
+			}
+			if a := f.audit(sku); a.Orders != 0 || a.Stock != 2 {
+				t.Fatalf("audit %+v, want nothing written", a)
+			}
+			// The stock the third order was refused against is still there.
+			again := f.redisReplica(order.Config{Guard: storage.GuardVersion})
+			if r := post(again.Handler(), sku, 1, "Idempotency-Key", keys[2]); r.Code != http.StatusCreated {
+				t.Errorf("order 2 sent again: %d %s, want 201", r.Code, r.Body)
+			}
+		})
 	}
 }
