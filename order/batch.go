@@ -3,6 +3,7 @@ package order
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -24,8 +25,8 @@ const (
 
 // pending is one order waiting for its SKU's next batch.
 type pending struct {
+	line     // its request, and its answer once sold
 	ctx      context.Context
-	req      Request
 	deadline time.Time    // past it, the order gives up: lock_timeout
 	done     chan outcome // buffered: the drain never waits for a client
 }
@@ -38,10 +39,13 @@ type queues struct {
 }
 
 // enqueue puts req in its SKU's queue, starting the SKU's drain if none
-// runs, and waits for its outcome. A client that leaves is answered at
-// once; if its order was already taken, the batch still settles it.
+// runs, and waits for its outcome. A client that leaves while its order
+// queues takes the order out, and nothing of it is written. Once a batch
+// has taken it, the order is written or not with the batch, and the
+// answer waits for that outcome (bounded by the batch's own bounds): a
+// 503 after a commit would tell the client to buy again.
 func (s *Service) enqueue(ctx context.Context, req Request) (Order, bool, error) {
-	p := &pending{ctx: ctx, req: req, deadline: time.Now().Add(s.cfg.LockWait), done: make(chan outcome, 1)}
+	p := &pending{line: line{req: req}, ctx: ctx, deadline: time.Now().Add(s.cfg.LockWait), done: make(chan outcome, 1)}
 	s.queues.mu.Lock()
 	q, running := s.queues.m[req.SKU]
 	s.queues.m[req.SKU] = append(q, p)
@@ -49,12 +53,29 @@ func (s *Service) enqueue(ctx context.Context, req Request) (Order, bool, error)
 	if !running {
 		go s.drain(req.SKU)
 	}
+	var r outcome
 	select {
-	case r := <-p.done:
-		return r.order, r.replayed, r.err
+	case r = <-p.done:
 	case <-ctx.Done():
-		return Order{}, false, ctx.Err()
+		if s.leave(p) {
+			return Order{}, false, ctx.Err()
+		}
+		r = <-p.done // taken (or answered) already
 	}
+	return r.order, r.replayed, r.err
+}
+
+// leave takes p out of its SKU's queue and reports whether it was there:
+// false once a batch has taken it.
+func (s *Service) leave(p *pending) bool {
+	s.queues.mu.Lock()
+	defer s.queues.mu.Unlock()
+	q := s.queues.m[p.req.SKU]
+	if i := slices.Index(q, p); i >= 0 {
+		s.queues.m[p.req.SKU] = slices.Delete(q, i, i+1)
+		return true
+	}
+	return false
 }
 
 // drain sells the SKU's queue, batch after batch, until it is empty.
@@ -74,25 +95,24 @@ func (s *Service) drain(sku string) {
 			time.Sleep(s.cfg.BatchWait)
 		}
 		batch := s.take(sku, s.cfg.BatchMax)
-		var outs []outcome
 		if len(batch) > 0 {
 			s.metrics.batchSize.Observe(float64(len(batch)))
-			reqs := make([]Request, len(batch))
+			lines := make([]*line, len(batch))
 			for i, p := range batch {
-				reqs[i] = p.req
+				lines[i] = &p.line
 			}
 			// Each order's work delay is paid inside the batch: the bound
 			// grows with it, or a large batch would time out as a whole.
 			bound := writeTimeout + time.Duration(len(batch))*s.cfg.WorkDelay
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), bound)
-			outs = s.sell(ctx, lease, reqs, false)
+			s.sell(ctx, lease, lines, false)
 			cancel()
 		}
 		// 8. release, after the commit and before the answers: a client
 		// that has its answer finds the lock free, as without batching.
 		s.release(context.Background(), lease, held)
-		for i, r := range outs {
-			batch[i].done <- r
+		for _, p := range batch {
+			p.done <- p.out
 		}
 	}
 }

@@ -2,9 +2,12 @@ package order_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -278,5 +281,224 @@ func TestRetryRacesItsOwnTry(t *testing.T) {
 	}
 	if a := f.audit("rr-order"); a.Orders != 1 || a.Stock != 0 {
 		t.Errorf("MySQL %+v, want the one order", a)
+	}
+}
+
+// TestBatchOutlivesItsRequests: one replica, the lock granted within 1s,
+// each request bounded at 2s, 100ms of work per order: 40 keyed orders for
+// one SKU at once make batches that run past their requests' time. An
+// order answered 503 must not be in MySQL (its client retries without a
+// key and buys twice), every 201 must be, and the created metric counts
+// what committed.
+func TestBatchOutlivesItsRequests(t *testing.T) {
+	t.Parallel()
+	const clients = 40
+	f := newFixture(t)
+	f.stock("bo-hot", 100)
+	locker, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { locker.Close() })
+	s := f.service(locker, order.Config{Lock: "redis", Guard: storage.GuardVersion,
+		LockWait: time.Second, RequestTimeout: 2 * time.Second, WorkDelay: 100 * time.Millisecond})
+	// Another replica holds the lock while the orders queue, so that they
+	// make one batch of 4s of work, as a first small batch made it in the
+	// review; it lets go once all have queued, within their lock wait.
+	lease := f.holdLock("bo-hot")
+	recs := make([]*httptest.ResponseRecorder, clients)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			<-start
+			recs[i] = post(s.Handler(), "bo-hot", 1, "Idempotency-Key", fmt.Sprintf("bo-%02d", i))
+		})
+	}
+	close(start)
+	begin := time.Now()
+	for order.Queued(s, "bo-hot") < clients && time.Since(begin) < 800*time.Millisecond {
+		time.Sleep(time.Millisecond)
+	}
+	queued := order.Queued(s, "bo-hot")
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d queued in %v", queued, time.Since(begin).Round(time.Millisecond))
+	wg.Wait()
+	// A batch may still be writing orders answered already: MySQL is read
+	// once the SKU's drain has ended.
+	for deadline := time.Now().Add(30 * time.Second); order.Draining(s, "bo-hot"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the SKU's batches still run after 30s")
+		}
+	}
+
+	codes := map[string]int{}
+	lied := 0 // answered 503, yet in MySQL
+	for i, r := range recs {
+		code := strconv.Itoa(r.Code)
+		if r.Code >= 300 {
+			code += " " + errorCode(t, r)
+		}
+		codes[code]++
+		_, err := f.store.OrderByKey(t.Context(), fmt.Sprintf("bo-%02d", i))
+		inMySQL := err == nil
+		if err != nil && !errors.Is(err, storage.ErrNotFound) {
+			t.Fatal(err)
+		}
+		switch r.Code {
+		case http.StatusCreated:
+			if !inMySQL {
+				t.Errorf("order %d answered 201, not in MySQL", i)
+			}
+		case http.StatusServiceUnavailable:
+			if inMySQL {
+				lied++
+			}
+		default:
+			t.Errorf("order %d: %d %s", i, r.Code, r.Body)
+		}
+	}
+	a := f.audit("bo-hot")
+	created := metric(t, s.Handler(), `oversold_orders_total{guard="version",lock="redis",outcome="created",replica="r1"}`)
+	t.Logf("answers %v; MySQL: %d orders; created metric %d", codes, a.Orders, created)
+	if a.Orders == 0 {
+		t.Errorf("nothing was sold: the lock was not granted within the lock wait, and the batch this test is about never ran")
+	}
+	if lied > 0 {
+		t.Errorf("%d of %d answered 503 while committed", lied, clients)
+	}
+	if created != a.Orders || int64(codes["201"]) != a.Orders {
+		t.Errorf("%d answered 201, created metric %d, %d orders in MySQL: want all three equal", codes["201"], created, a.Orders)
+	}
+}
+
+// metric is the value of one series on h's /metrics.
+func metric(t *testing.T, h http.Handler, series string) int64 {
+	t.Helper()
+	body := call(h, http.MethodGet, "/metrics", "").Body.String()
+	for line := range strings.Lines(body) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), series+" "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no series %s in /metrics", series)
+	return 0
+}
+
+// TestQueuedOrderLeaves: a client that gives up while its order queues
+// (the lock held elsewhere) is answered at once, 503, and its order leaves
+// the queue: the batch that sells the order queued beside it writes
+// nothing of it.
+func TestQueuedOrderLeaves(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("lv", 10)
+	s := f.redisReplica(order.Config{Guard: storage.GuardVersion})
+	lease := f.holdLock("lv")
+	ctx, cancel := context.WithCancel(t.Context())
+	recs := make([]*httptest.ResponseRecorder, 2)
+	left := make(chan struct{})
+	wait := f.inOrder(s, "lv", 2, func(i int) {
+		body := `{"sku":"lv","quantity":1}`
+		req := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("lv-%d", i))
+		if i == 0 {
+			req = req.WithContext(ctx)
+			defer close(left)
+		}
+		recs[i] = httptest.NewRecorder()
+		s.Handler().ServeHTTP(recs[i], req)
+	})
+	cancel()
+	select {
+	case <-left:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client that left was not answered while the lock was held")
+	}
+	if n := order.Queued(s, "lv"); n != 1 {
+		t.Errorf("%d orders queued after one left, want 1", n)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wait()
+	if recs[0].Code != http.StatusServiceUnavailable || recs[1].Code != http.StatusCreated {
+		t.Errorf("the order that left: %d %s; the other: %d %s; want 503 and 201", recs[0].Code, recs[0].Body, recs[1].Code, recs[1].Body)
+	}
+	if _, err := f.store.OrderByKey(t.Context(), "lv-0"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("the order that left: %v, want not in MySQL", err)
+	}
+	if a := f.audit("lv"); a.Orders != 1 || a.Stock != 9 {
+		t.Errorf("audit %+v, want the one order that stayed", a)
+	}
+}
+
+// noInvalidate is a stock cache whose deletes fail, as a stalled Redis's
+// do: the fencing guard must not write then.
+type noInvalidate struct{ order.Cache }
+
+func (noInvalidate) Invalidate(ctx context.Context, sku string) error {
+	return errors.New("redis: i/o timeout")
+}
+
+// TestShortOrderSharesAPreWriteFailure: in a batch of three orders of one
+// with two in stock, the third is short only beside the other two. When a
+// step before the write fails (the lease lost, the cache entry that the
+// fencing guard must delete first), the batch writes nothing: the third
+// is not out_of_stock, whose stock is still there (sent again, it is
+// sold). It shares the batch's answer.
+func TestShortOrderSharesAPreWriteFailure(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	closed := make(chan struct{})
+	close(closed)
+	for _, c := range []struct {
+		name  string
+		guard storage.Guard
+		lost  bool                          // every lease lost from its grant
+		wrap  func(order.Cache) order.Cache // nil: the cache as it is
+		want  string                        // the batch's answer
+	}{
+		{"lease-lost", storage.GuardVersion, true, nil, "lock_lost"},
+		{"cache-stalled", storage.GuardFencing, false, func(c order.Cache) order.Cache { return noInvalidate{c} }, "unavailable"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sku := "pw-" + c.name
+			f.stock(sku, 2)
+			l, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			var locker order.Locker = l
+			if c.lost {
+				locker = lostLocker{Locker: l, lose: closed}
+			}
+			s := f.serviceWith(f.openStore(), c.wrap, locker, order.Config{Lock: "redis", Guard: c.guard, LockWait: time.Minute})
+			keys := []string{sku + "-0", sku + "-1", sku + "-2"}
+			recs := f.queued(s, sku, keys, func(int) int { return 1 })
+			for i, r := range recs {
+				if r.Code < 300 {
+					t.Errorf("order %d: %d %s, want %s", i, r.Code, r.Body, c.want)
+				} else if code := errorCode(t, r); code != c.want {
+					t.Errorf("order %d: %d %s, want %s: the batch wrote nothing", i, r.Code, code, c.want)
+				}
+			}
+			if a := f.audit(sku); a.Orders != 0 || a.Stock != 2 {
+				t.Fatalf("audit %+v, want nothing written", a)
+			}
+			// The stock the third order was refused against is still there.
+			again := f.redisReplica(order.Config{Guard: storage.GuardVersion})
+			if r := post(again.Handler(), sku, 1, "Idempotency-Key", keys[2]); r.Code != http.StatusCreated {
+				t.Errorf("order 2 sent again: %d %s, want 201", r.Code, r.Body)
+			}
+		})
 	}
 }

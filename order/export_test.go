@@ -8,3 +8,12 @@ func Queued(s *Service, sku string) int {
 	defer s.queues.mu.Unlock()
 	return len(s.queues.m[sku])
 }
+
+// Draining reports whether a drain runs for sku on s: a batch may still be
+// writing.
+func Draining(s *Service, sku string) bool {
+	s.queues.mu.Lock()
+	defer s.queues.mu.Unlock()
+	_, ok := s.queues.m[sku]
+	return ok
+}

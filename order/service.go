@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -257,8 +258,9 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 		}
 	}
 	if s.locker == nil {
-		r := s.sell(ctx, nil, []Request{req}, false)[0]
-		return r.order, r.replayed, r.err
+		l := &line{req: req}
+		s.sell(ctx, nil, []*line{l}, false)
+		return l.out.order, l.out.replayed, l.out.err
 	}
 	// No lock, and no lock state on any server, for a SKU that does not
 	// exist: random SKUs must not grow Redis keys or lock rows.
@@ -275,24 +277,30 @@ type outcome struct {
 	err      error
 }
 
+// line is one order of a batch: its request and, once known, its answer.
+type line struct {
+	req Request
+	out outcome
+}
+
+// answered reports whether the line has its answer.
+func (l *line) answered() bool { return l.out.err != nil || l.out.order.ID != "" }
+
+// answer gives each line the answer err.
+func answer(lines []*line, err error) {
+	for _, l := range lines {
+		l.out = outcome{err: err}
+	}
+}
+
 // sell is steps 3 to 7 for orders of one SKU, all under lease (nil: no
 // lock, and one order): one stock read, the orders filled in arrival order
 // while the stock lasts, one transaction with every filled order and one
-// guarded stock write. It returns each order's outcome, in order. ctx
-// bounds the reads; the write runs on a context the clients cannot cancel.
-// fresh reads the stock from MySQL, not the cache.
-func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request, fresh bool) []outcome {
-	out := make([]outcome, len(reqs))
-	fail := func(idx []int, err error) {
-		for _, i := range idx {
-			out[i].err = err
-		}
-	}
-	all := make([]int, len(reqs))
-	for i := range all {
-		all[i] = i
-	}
-	sku, first := reqs[0].SKU, reqs[0]
+// guarded stock write. It answers every line of the batch. ctx bounds the
+// reads; the write runs on a context the clients cannot cancel. fresh
+// reads the stock from MySQL, not the cache.
+func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, fresh bool) {
+	sku, first := batch[0].req.SKU, batch[0].req
 
 	// 3. stock from the cache
 	read := s.stock
@@ -301,30 +309,36 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request,
 	}
 	item, err := read(ctx, sku, lease)
 	if err != nil {
-		fail(all, err)
-		return out
+		answer(batch, err)
+		return
 	}
 
 	// 4. enough? A cache entry that says no is confirmed by MySQL: stock
 	// added there outside PUT must be sold.
-	if !fresh && demand(reqs, all) > item.Stock {
+	if !fresh && demand(batch) > item.Stock {
 		if item, err = s.confirm(ctx, sku, lease); err != nil {
-			fail(all, err)
-			return out
+			answer(batch, err)
+			return
 		}
 	}
-	filled, short := fill(reqs, item.Stock)
-	fail(short, fmt.Errorf("%q: %w", sku, storage.ErrOutOfStock))
+	filled, short := fill(batch, item.Stock)
+	outOfStock := fmt.Errorf("%q: %w", sku, storage.ErrOutOfStock)
 	if len(filled) == 0 {
-		return out
+		// Each asks for more than MySQL's stock (a batch short of stock
+		// read it there): the committed truth.
+		answer(short, outOfStock)
+		return
 	}
+	// The short orders were refused against what the filled ones leave:
+	// that is the truth only once those commit. Until then they share the
+	// batch's outcome.
 
 	s.hook(ctx, HookAfterRead, first, lease)
 
 	// 5. business logic inside the critical section: each order's own.
 	if err := sleep(ctx, time.Duration(len(filled))*s.cfg.WorkDelay); err != nil {
-		fail(filled, err)
-		return out
+		answer(batch, err)
+		return
 	}
 
 	// A lease known to be lost must not write. This is the only check, made
@@ -334,8 +348,8 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request,
 	// lost lease (Kleppmann, "How to do distributed locking", 2016); that is
 	// what the guards in step 6 are for.
 	if err := s.beforeWrite(lost(lease), "write"); err != nil {
-		fail(filled, err)
-		return out
+		answer(batch, err)
+		return
 	}
 	// The none and fencing guards build on the cached read, so the entry
 	// goes before the write: a holder killed or paused between its commit
@@ -346,8 +360,8 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request,
 	// read in MySQL and need no such care.
 	if s.trustsCache() {
 		if err := s.cache.Invalidate(ctx, sku); err != nil {
-			fail(filled, fmt.Errorf("%w: guard %s needs the stock cache: %w", ErrUnavailable, s.cfg.Guard, err))
-			return out
+			answer(batch, fmt.Errorf("%w: guard %s needs the stock cache: %w", ErrUnavailable, s.cfg.Guard, err))
+			return
 		}
 	}
 	s.hook(ctx, HookBeforeWrite, first, lease)
@@ -358,40 +372,30 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request,
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
 	orders := make([]storage.Order, len(filled))
-	for j, i := range filled {
-		orders[j] = s.newOrder(reqs[i], lease)
+	for j, l := range filled {
+		orders[j] = s.newOrder(l.req, lease)
 	}
 	inv, err := s.write(wctx, orders, item, lease, first)
 	s.recordWrite(first.SKU, orders[0].Token, len(orders), err)
 	if err != nil {
-		retry := s.refused(wctx, reqs, filled, orders, lease, err, out)
-		// The short orders were refused on a stock the failed write did
-		// not take: they share the batch's fate, not an out_of_stock that
-		// no commit explains (a history check would call it
-		// non-linearizable).
+		again := s.refused(wctx, batch, filled, orders, lease, err)
 		switch {
-		case errors.Is(err, storage.ErrDuplicate):
-			retry = merge(retry, short)
+		case len(again) > 0: // a duplicate key's bystanders
+			s.sell(ctx, lease, again, fresh)
 		case errors.Is(err, storage.ErrOutOfStock) && lease != nil && !fresh:
 			// The atomic guard refused the batch's sum on a cached stock
 			// behind MySQL: some orders may still fit. Sell them all again,
 			// once, on MySQL's stock (the lease is still ours).
-			retry, fresh = all, true
-		case out[filled[0]].order.ID == "": // nothing was committed
-			for _, i := range short {
-				out[i].err = out[filled[0]].err
-			}
+			s.sell(ctx, lease, batch, true)
+		case filled[0].out.order.ID != "": // the write committed after all
+			answer(short, outOfStock)
+		default:
+			// Nothing was written: an out_of_stock would be refused on a
+			// stock the batch did not take (a history check would call it
+			// non-linearizable).
+			answer(short, filled[0].out.err)
 		}
-		if len(retry) > 0 { // a duplicate key's bystanders, or a stale read's batch
-			sub := make([]Request, len(retry))
-			for j, i := range retry {
-				sub[j] = reqs[i]
-			}
-			for j, r := range s.sell(ctx, lease, sub, fresh) {
-				out[retry[j]] = r
-			}
-		}
-		return out
+		return
 	}
 	s.hook(ctx, HookBeforeCache, first, lease)
 
@@ -400,30 +404,17 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, reqs []Request,
 	// guard refuses and refreshes, and which expires.
 	s.cacheWrite(wctx, toItem(inv), lease)
 	s.hook(ctx, HookAfterCommit, first, lease)
-	for j, i := range filled {
-		out[i].order = fromStorage(orders[j])
+	for j, l := range filled {
+		l.out = outcome{order: fromStorage(orders[j])}
 	}
-	return out
+	answer(short, outOfStock) // the stock they lacked is committed now
 }
 
-// merge merges two ascending index lists.
-func merge(a, b []int) []int {
-	out := make([]int, 0, len(a)+len(b))
-	for len(a) > 0 && len(b) > 0 {
-		if a[0] < b[0] {
-			out, a = append(out, a[0]), a[1:]
-		} else {
-			out, b = append(out, b[0]), b[1:]
-		}
-	}
-	return append(append(out, a...), b...)
-}
-
-// demand is the quantity the orders at idx ask for.
-func demand(reqs []Request, idx []int) int64 {
+// demand is the quantity the lines ask for.
+func demand(lines []*line) int64 {
 	var q int64
-	for _, i := range idx {
-		q += reqs[i].Quantity
+	for _, l := range lines {
+		q += l.req.Quantity
 	}
 	return q
 }
@@ -431,13 +422,13 @@ func demand(reqs []Request, idx []int) int64 {
 // fill takes the orders in arrival order while stock lasts, as they would
 // be sold one after the other: an order that does not fit is short, and a
 // smaller one after it may still fit.
-func fill(reqs []Request, stock int64) (filled, short []int) {
-	for i, r := range reqs {
-		if r.Quantity <= stock {
-			stock -= r.Quantity
-			filled = append(filled, i)
+func fill(batch []*line, stock int64) (filled, short []*line) {
+	for _, l := range batch {
+		if l.req.Quantity <= stock {
+			stock -= l.req.Quantity
+			filled = append(filled, l)
 		} else {
-			short = append(short, i)
+			short = append(short, l)
 		}
 	}
 	return filled, short
@@ -484,15 +475,14 @@ func (s *Service) write(ctx context.Context, orders []storage.Order, seen invent
 	})
 }
 
-// refused handles a failed step 6 for the orders at filled, whose rows are
-// orders: nothing was written, or (an error no guard explains) we do not
-// know yet. It sets their outcomes in out, and returns the ones to sell
-// again: after a concurrent insert of one of their keys, the others.
-func (s *Service) refused(ctx context.Context, reqs []Request, filled []int, orders []storage.Order, lease locking.Lease, err error, out []outcome) (retry []int) {
-	sku := reqs[filled[0]].SKU
-	for _, i := range filled {
-		out[i].err = err
-	}
+// refused handles a failed step 6 for the filled lines of batch, whose
+// rows are orders: nothing was written, or (an error no guard explains) we
+// do not know yet. It answers the filled lines, and returns the lines to
+// sell again, in arrival order: after a concurrent insert of one of their
+// keys, all but the orders of the taken keys.
+func (s *Service) refused(ctx context.Context, batch, filled []*line, orders []storage.Order, lease locking.Lease, err error) (again []*line) {
+	sku := filled[0].req.SKU
+	answer(filled, err)
 	switch {
 	case errors.Is(err, storage.ErrConflict):
 		// Our read was stale: refresh the cache from MySQL so the retry
@@ -501,35 +491,35 @@ func (s *Service) refused(ctx context.Context, reqs []Request, filled []int, ord
 		s.refresh(ctx, sku, lease)
 	case errors.Is(err, storage.ErrStaleFence):
 		s.metrics.guardConflicts.Inc()
-		for _, i := range filled {
-			out[i].err = fmt.Errorf("%w: %w", ErrLockLost, err)
-		}
+		answer(filled, fmt.Errorf("%w: %w", ErrLockLost, err))
 	case errors.Is(err, storage.ErrOutOfStock):
 		s.refresh(ctx, sku, lease) // atomic guard: the cache was behind
 	case errors.Is(err, storage.ErrDuplicate):
 		// A concurrent request with one of the keys committed first; the
 		// UNIQUE index rolled the whole batch back. The orders whose key is
-		// taken now are replays (or reuses) of it; the rest sell again.
-		for _, i := range filled {
-			req := reqs[i]
-			if req.Key == "" {
-				retry = append(retry, i)
+		// taken now are replays (or reuses) of it; the rest, the short ones
+		// too, sell again.
+		for _, l := range filled {
+			if l.req.Key == "" {
+				l.out = outcome{} // sells again
 				continue
 			}
-			prev, lerr := s.store.OrderByKey(ctx, req.Key)
+			prev, lerr := s.store.OrderByKey(ctx, l.req.Key)
 			switch {
 			case lerr == nil:
-				out[i].order, out[i].replayed, out[i].err = replay(prev, req)
+				l.out.order, l.out.replayed, l.out.err = replay(prev, l.req)
 			case errors.Is(lerr, storage.ErrNotFound):
-				retry = append(retry, i)
+				l.out = outcome{} // sells again
 			default:
-				out[i].err = lerr
+				l.out.err = lerr
 			}
 		}
-		if len(retry) == len(filled) { // no key was taken: not ours to explain
+		again = slices.DeleteFunc(slices.Clone(batch), (*line).answered)
+		if len(again) == len(batch) { // no key was taken: not ours to explain
+			answer(filled, err)
 			return nil
 		}
-		return retry
+		return again
 	case errors.Is(err, ErrLockLost), errors.Is(err, storage.ErrUnknownSKU):
 		// Nothing reached MySQL, or there is nothing to cache.
 	default:
@@ -545,8 +535,8 @@ func (s *Service) refused(ctx context.Context, reqs []Request, filled []int, ord
 		s.refresh(ctx, sku, lease)
 		if _, lerr := s.store.Order(ctx, orders[0].ID); lerr == nil {
 			s.log.Warn("write reported failed but committed", "sku", sku, "orders", len(orders), "err", err)
-			for j, i := range filled {
-				out[i] = outcome{order: fromStorage(orders[j])}
+			for j, l := range filled {
+				l.out = outcome{order: fromStorage(orders[j])}
 			}
 		}
 	}
