@@ -157,6 +157,13 @@ type Service struct {
 	// whyWithdrawn is set before withdrawn is closed: /readyz's answer.
 	whyWithdrawn error
 
+	// sweepFrom is where the next sweep pass reads on from: past the due
+	// holds the last pass read, when it ended on its bound (sweeper.go).
+	sweepFrom struct {
+		sync.Mutex
+		after storage.Reservation
+	}
+
 	stopOnce  sync.Once
 	stop      chan struct{} // ends the heartbeat
 	heartbeat sync.WaitGroup

@@ -2,7 +2,6 @@ package order_test
 
 import (
 	"errors"
-	"net/http"
 	"testing"
 	"time"
 
@@ -12,12 +11,15 @@ import (
 )
 
 // TestSweepSkipsRefusedSKU: under the redis lock and guard fencing, the
-// oldest due hold is on a SKU whose fence is ahead of the backend's tokens
-// (another backend's, or a Redis restarted without persistence), so its
-// expiry is refused on every pass. The sweep goes on and expires the
-// others; only the sweeper fence refusing (a newer sweeper took over)
-// stops a pass. A sweeper that stopped at any refusal expired at most the
-// few it had launched alongside the refused one.
+// oldest due holds, more than a batch of them, are on a SKU whose fence is
+// ahead of the backend's tokens (another backend's, or a Redis restarted
+// without persistence), so their expiry is refused on every pass. The
+// sweep goes on past them and expires the younger ones; only the sweeper
+// fence refusing (a newer sweeper took over) stops a pass. A sweeper that
+// stopped at any refusal expired at most the few it had launched
+// alongside the refused one; one that read its batches from the oldest
+// due hold each time read the refused ones again and again and never
+// reached the others.
 func TestSweepSkipsRefusedSKU(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -29,11 +31,14 @@ func TestSweepSkipsRefusedSKU(t *testing.T) {
 	// No Start: the sweeper runs only when the test calls Sweep.
 	svc := f.service(locker, order.Config{Lock: "redis", Guard: storage.GuardFencing, LockWait: 10 * time.Second})
 	h := svc.Handler()
-	f.stock("swept-stuck", 5)
+	const stuck, free = 101, 12 // more than a batch; more than a pass launches at once
+	f.stock("swept-stuck", stuck)
 	f.stock("swept-free", 50)
-	const free = 12 // more than a pass launches at once
-	stuck := decodeReservation(t, hold(h, 1, "", "swept-stuck", 1))
-	time.Sleep(5 * time.Millisecond) // due first
+	stuckIDs := make([]string, stuck)
+	for i := range stuckIDs {
+		stuckIDs[i] = decodeReservation(t, hold(h, 1, "", "swept-stuck", 1)).ID
+	}
+	time.Sleep(5 * time.Millisecond) // due after them
 	ids := make([]string, free)
 	for i := range ids {
 		ids[i] = decodeReservation(t, hold(h, 1, "", "swept-free", 1)).ID
@@ -49,18 +54,20 @@ func TestSweepSkipsRefusedSKU(t *testing.T) {
 		t.Fatalf("sweep expired %d (%v), want the %d holds of the SKU the sweeper may write", n, err, free)
 	}
 	for _, id := range ids {
-		if got := decodeReservation(t, call(h, http.MethodGet, "/v1/reservations/"+id, "")); got.Status != "expired" {
-			t.Errorf("reservation %s: %q, want expired", id, got.Status)
-		}
+		wantStatus(t, f, id, storage.StatusExpired)
 	}
-	if got := decodeReservation(t, call(h, http.MethodGet, "/v1/reservations/"+stuck.ID, "")); got.Status != "held" {
-		t.Errorf("the refused SKU's reservation: %q, want held", got.Status)
+	for _, id := range stuckIDs {
+		wantStatus(t, f, id, storage.StatusHeld) // due, not swept
 	}
 	wantInv(t, h, "swept-free", 50, 0)
+	wantInv(t, h, "swept-stuck", 0, stuck)
 
 	// A newer sweeper has written: this one's pass stops, expiring nothing.
 	more := decodeReservation(t, hold(h, 1, "", "swept-free", 1))
 	if _, err := db.ExecContext(t.Context(), "UPDATE fences SET fence = ? WHERE name = ?", uint64(1)<<40, storage.SweeperFence); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(t.Context(), "UPDATE inventory SET fence = 0 WHERE sku = ?", "swept-stuck"); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond)
@@ -68,7 +75,18 @@ func TestSweepSkipsRefusedSKU(t *testing.T) {
 	if n != 0 || !errors.Is(err, order.ErrLockLost) || !errors.Is(err, storage.ErrStaleSweeper) {
 		t.Fatalf("sweep behind a newer sweeper's fence: expired %d (%v), want 0 and %v", n, err, storage.ErrStaleSweeper)
 	}
-	if got := decodeReservation(t, call(h, http.MethodGet, "/v1/reservations/"+more.ID, "")); got.Status != "held" {
-		t.Errorf("a stale sweeper's pass: reservation %q, want held", got.Status)
+	wantStatus(t, f, more.ID, storage.StatusHeld)
+}
+
+// wantStatus checks reservation id's status in MySQL (the API shows a due
+// hold as expired, swept or not).
+func wantStatus(t *testing.T, f *fixture, id, status string) {
+	t.Helper()
+	r, err := f.store.Reservation(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != status {
+		t.Errorf("reservation %s: status %q in MySQL, want %q", id, r.Status, status)
 	}
 }
