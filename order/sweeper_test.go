@@ -1,11 +1,17 @@
 package order_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/locking/local"
 	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
 )
@@ -89,4 +95,154 @@ func wantStatus(t *testing.T, f *fixture, id, status string) {
 	if r.Status != status {
 		t.Errorf("reservation %s: status %q in MySQL, want %q", id, r.Status, status)
 	}
+}
+
+// TestSweepPastAFrozenWriter: a replica frozen (SIGSTOP, GC) between a
+// write's UPDATE and its COMMIT keeps the SKU's row locked: here another
+// session holds it, on the older due hold's SKU. Two replicas sweep under
+// the redis lock, one at a time. The sweeper that takes that hold reads
+// the row under its lease, as every lease holder does (it waits for the
+// write in flight); that read must end on its deadline, and the pass must
+// go on to the younger due hold on another SKU, due after that pass
+// began. A read without a deadline kept the pass, the lock `sweeper` and
+// the SKU's lease until the frozen writer ran again (or MySQL's lock wait
+// gave up, 50 s): no sweeper expired anything meanwhile, as CI saw in
+// TestReservationSweeperPause.
+func TestSweepPastAFrozenWriter(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("frozen-row", 5)
+	f.stock("frozen-free", 5)
+	var svcs []*order.Service
+	for i := range 2 {
+		locker, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis, TTL: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { locker.Close() })
+		svcs = append(svcs, f.service(locker, order.Config{Instance: fmt.Sprintf("frozen-%d", i), Lock: "redis",
+			LockWait: time.Second, SweepInterval: 200 * time.Millisecond}))
+	}
+	h := svcs[0].Handler()
+	old := decodeReservation(t, hold(h, 1, "", "frozen-row", 1))
+	young := decodeReservation(t, hold(h, 3, "", "frozen-free", 1))
+
+	tx, err := f.rawDB(t).BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var stock int64
+	if err := tx.QueryRow("SELECT stock FROM inventory WHERE sku = ? FOR UPDATE", "frozen-row").Scan(&stock); err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(t.Context())
+	var sweeps sync.WaitGroup
+	defer sweeps.Wait()
+	defer stop()
+	defer tx.Rollback() // before the sweeps are waited for: a pinned one waits for it
+	for _, svc := range svcs {
+		sweeps.Go(func() {
+			for ctx.Err() == nil {
+				svc.Sweep(ctx)
+				time.Sleep(200 * time.Millisecond)
+			}
+		})
+	}
+	// The young hold is due 3 s after it was held; one pass and a read's
+	// deadline (2 s) later a sweeper has expired it.
+	limit := time.Until(young.ExpiresAt) + 5*time.Second
+	if !awaitStatus(t, f, young.ID, storage.StatusExpired, limit) {
+		t.Fatalf("the younger due hold, on a SKU nobody holds, still held %v after it was due, its older neighbour's row locked by a frozen writer", time.Since(young.ExpiresAt).Round(100*time.Millisecond))
+	}
+	wantStatus(t, f, old.ID, storage.StatusHeld) // its row is still locked
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if !awaitStatus(t, f, old.ID, storage.StatusExpired, 5*time.Second) {
+		t.Fatalf("the older hold still held 5 s after its row was free")
+	}
+	stop()
+	sweeps.Wait()
+	for _, sku := range []string{"frozen-row", "frozen-free"} {
+		if a := f.audit(sku); a.Stock != 5 || a.Reserved != 0 {
+			t.Errorf("%s: %+v, want stock 5, reserved 0", sku, a)
+		}
+	}
+}
+
+// awaitStatus waits up to limit for reservation id to reach status in
+// MySQL.
+func awaitStatus(t *testing.T, f *fixture, id, status string, limit time.Duration) bool {
+	t.Helper()
+	for end := time.Now().Add(limit); ; time.Sleep(50 * time.Millisecond) {
+		r, err := f.store.Reservation(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status == status {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
+}
+
+// lateStore commits a hold's or a settle's write, then answers only once
+// the write's context has ended, with its error: a commit acknowledged
+// after the write's deadline (MySQL or the network slow).
+type lateStore struct{ order.Store }
+
+func (s lateStore) Hold(ctx context.Context, guard storage.Guard, r storage.Reservation, ttl time.Duration, moves []storage.Move) (storage.Reservation, []storage.Inventory, error) {
+	held, after, err := s.Store.Hold(context.WithoutCancel(ctx), guard, r, ttl, moves)
+	if err != nil {
+		return held, after, err
+	}
+	<-ctx.Done()
+	return storage.Reservation{}, nil, ctx.Err()
+}
+
+func (s lateStore) Settle(ctx context.Context, guard storage.Guard, st storage.Settlement, moves []storage.Move) (storage.Reservation, []storage.Inventory, error) {
+	done, after, err := s.Store.Settle(context.WithoutCancel(ctx), guard, st, moves)
+	if err != nil {
+		return done, after, err
+	}
+	<-ctx.Done()
+	return storage.Reservation{}, nil, ctx.Err()
+}
+
+// TestOutcomeLookedUpAfterTheDeadline: a hold and a sweeper's expiry whose
+// commits are acknowledged only after their write's deadline (10 s) ask
+// MySQL whether they committed, on a context of their own: the hold is
+// answered 201, the expiry counted. On the write's own context, which has
+// run out, the lookup failed: the hold answered 503 ("nothing was
+// written") although it was held, and the sweep counted nothing.
+func TestOutcomeLookedUpAfterTheDeadline(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("late-hold", 5)
+	f.stock("late-expire", 5)
+	plain := f.service(local.New(), order.Config{Lock: "local"}).Handler()
+	due := decodeReservation(t, hold(plain, 1, "", "late-expire", 1))
+	late := f.serviceWith(lateStore{f.openStore()}, nil, local.New(), order.Config{Instance: "late", Lock: "local"})
+	time.Sleep(1100 * time.Millisecond)
+
+	var wg sync.WaitGroup
+	var rec *httptest.ResponseRecorder
+	wg.Go(func() { rec = hold(late.Handler(), 60, "", "late-hold", 2) })
+	n, err := late.Sweep(t.Context())
+	wg.Wait()
+	if rec.Code != http.StatusCreated {
+		t.Errorf("hold committed late: answered %d %s, want 201", rec.Code, rec.Body)
+	} else if r := decodeReservation(t, rec); r.Status != "held" {
+		t.Errorf("hold committed late: %+v, want held", r)
+	}
+	if a := f.audit("late-hold"); a.Reserved != 2 {
+		t.Errorf("late-hold: reserved %d, want 2: the hold did not commit, nothing to check", a.Reserved)
+	}
+	if n != 1 || err != nil {
+		t.Errorf("sweep with a late commit counted %d expired (%v), want 1", n, err)
+	}
+	wantStatus(t, f, due.ID, storage.StatusExpired)
 }
