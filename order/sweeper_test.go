@@ -1,11 +1,16 @@
 package order_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -245,4 +250,61 @@ func TestOutcomeLookedUpAfterTheDeadline(t *testing.T) {
 		t.Errorf("sweep with a late commit counted %d expired (%v), want 1", n, err)
 	}
 	wantStatus(t, f, due.ID, storage.StatusExpired)
+}
+
+// TestLeasesLoggedAtDebug: at info a replica logs its start, settings and
+// failures, not every lease and sweep: an order, a hold, its confirm and
+// a sweep pass under the redis lock (a lease each, the sweeper's too) log
+// no lease record at info; at debug each lease has one.
+func TestLeasesLoggedAtDebug(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("quiet", 10)
+	locker, err := backends.Open(t.Context(), "redis", backends.Config{RedisAddr: f.redis})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { locker.Close() })
+	var buf syncBuffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	svc := f.service(locker, order.Config{Lock: "redis", Logger: log})
+	h := svc.Handler()
+	wantCode(t, post(h, "quiet", 1), 201, "")
+	r := decodeReservation(t, hold(h, 60, "", "quiet", 1))
+	wantCode(t, settle(h, r.ID, "confirm"), 200, "")
+	if _, err := svc.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	leases := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var rec struct{ Level, Msg, Key string }
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if rec.Msg == order.LeaseRecord {
+			leases[rec.Level+" "+rec.Key]++
+		}
+	}
+	want := map[string]int{"DEBUG sku/quiet": 3, "DEBUG sweeper": 1}
+	if !maps.Equal(leases, want) {
+		t.Errorf("lease records by level and key %v, want %v", leases, want)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the replica's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
