@@ -318,6 +318,14 @@ var errorCodes = []struct {
 	{context.Canceled, http.StatusServiceUnavailable, "unavailable", "the request was cancelled; retry later"},
 }
 
+// plural is one when n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
 // unanticipated is the message of a failure nobody anticipated.
 const unanticipated = "internal failure; retry later"
 
@@ -328,6 +336,9 @@ func classify(err error) (status int, code, message, outcome string) {
 	for _, c := range errorCodes {
 		if errors.Is(err, c.err) {
 			message = c.message
+			if short := (*storage.OutOfStock)(nil); errors.As(err, &short) {
+				message = fmt.Sprintf("not enough stock for the quantity of %s %s", plural(len(short.SKUs), "sku", "skus"), strings.Join(short.SKUs, ", "))
+			}
 			if message == "" {
 				message = strings.TrimPrefix(err.Error(), c.err.Error()+": ")
 			}

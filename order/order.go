@@ -90,7 +90,7 @@ type Store interface {
 	Reservation(ctx context.Context, id string) (storage.Reservation, error)
 	ReservationByKey(ctx context.Context, key string) (storage.Reservation, error)
 	ReservationOrders(ctx context.Context, id string) ([]string, error)
-	DueReservations(ctx context.Context, limit int) ([]string, error)
+	DueReservations(ctx context.Context, after storage.Reservation, limit int) ([]storage.Reservation, error)
 	SweepState(ctx context.Context) (storage.SweepState, error)
 
 	// The replicas table, for the mixed-settings check of /readyz.

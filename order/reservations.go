@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -84,11 +83,18 @@ func (r HoldRequest) storageLines() []storage.Line {
 	return lines
 }
 
-// view is a stored reservation as the API shows it, with its orders.
+// view is a stored reservation as the API shows it, with its orders. A
+// hold past its expires_at by MySQL's clock shows expired, swept or not:
+// that is what a confirm or a cancel of it answers. A read only reports;
+// the stock goes back when a sweeper expires it (within a sweep interval
+// or so), in a transaction under the SKUs' locks like every give-back.
 func (s *Service) view(ctx context.Context, r storage.Reservation) (Reservation, error) {
 	v := Reservation{
 		ID: r.ID, Status: r.Status, ExpiresAt: r.ExpiresAt.UTC(), OrderIDs: []string{},
 		Instance: r.Instance, Lock: r.Lock, CreatedAt: r.CreatedAt.UTC(),
+	}
+	if r.Status == storage.StatusHeld && r.Due {
+		v.Status = storage.StatusExpired
 	}
 	for _, l := range r.Lines {
 		v.Lines = append(v.Lines, Line{SKU: l.SKU, Quantity: l.Quantity})
@@ -129,7 +135,11 @@ func (s *Service) Hold(ctx context.Context, req HoldRequest) (Reservation, bool,
 	if err != nil {
 		return Reservation{}, false, err
 	}
-	v, err := s.view(ctx, r)
+	// The hold may be committed: what follows must not fail on the
+	// request's time, or a 503 would say nothing was held.
+	vctx, cancel := afterCommit(ctx)
+	defer cancel()
+	v, err := s.view(vctx, r)
 	return v, replayed, err
 }
 
@@ -166,7 +176,7 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 		}
 	}
 	if len(short) > 0 {
-		return storage.Reservation{}, false, fmt.Errorf("%s: %w", strings.Join(short, ", "), storage.ErrOutOfStock)
+		return storage.Reservation{}, false, &storage.OutOfStock{SKUs: short}
 	}
 	if err := s.beforeWrite(leases != nil && isClosed(leases.Lost()), "hold"); err != nil {
 		return storage.Reservation{}, false, err
@@ -196,12 +206,16 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	}
 
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	defer cancel()
 	held, after, err := s.store.Hold(wctx, s.cfg.Guard, row, ttl, moves)
+	cancel()
+	// Whatever the write's outcome, what follows runs on a context of its
+	// own: the write's may be what ran out.
+	actx, cancel := afterCommit(ctx)
+	defer cancel()
 	if err != nil {
-		return s.holdRefused(wctx, req, row, leases, err)
+		return s.holdRefused(actx, req, row, leases, err)
 	}
-	s.cacheRows(wctx, after, leases)
+	s.cacheRows(actx, after, leases)
 	s.reservationHook(ctx, HookHoldAfterCommit, held.ID, "hold", lines[0].SKU, held.Token, req.Key)
 	return held, false, nil
 }
@@ -276,14 +290,18 @@ func (s *Service) settleView(ctx context.Context, id, to string) (Reservation, e
 		return Reservation{}, err
 	}
 	r, _, err := retried(ctx, func() (storage.Reservation, bool, error) {
-		r, err := s.settleOnce(ctx, id, to, 0)
+		r, err := s.settleOnce(ctx, id, to, nil)
 		return r, false, err
 	})
 	s.metrics.reservations.WithLabelValues(opOf[to], settleOutcome(to, err)).Inc()
 	if err != nil {
 		return Reservation{}, err
 	}
-	return s.view(ctx, r)
+	// r may have just been committed: reading its orders must not fail on
+	// the request's time (a 503 says nothing was written).
+	vctx, cancel := afterCommit(ctx)
+	defer cancel()
+	return s.view(vctx, r)
 }
 
 // opOf names the operation that moves a reservation to a status.
@@ -293,26 +311,34 @@ var opOf = map[string]string{
 
 // settleOnce moves reservation id from held to status to, once. A
 // reservation already there is returned as it is; one elsewhere (or past
-// its expires_at, by MySQL's clock) is the error of its status.
-// sweepToken is the sweeper's token for an expiry (0: none).
-func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint64) (storage.Reservation, error) {
-	r, err := s.store.Reservation(ctx, id)
+// its expires_at, by MySQL's clock) is the error of its status. p is the
+// sweeper's pass for an expiry, nil for a confirm or a cancel.
+func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (storage.Reservation, error) {
+	var sweepToken uint64
+	if p != nil {
+		sweepToken = p.token
+	}
+	rctx, cancel := p.bound(ctx)
+	r, err := s.store.Reservation(rctx, id)
+	cancel()
 	if err != nil {
 		return storage.Reservation{}, err
 	}
-	if r.Status != storage.StatusHeld {
+	if r.Status != storage.StatusHeld || (r.Due && to != storage.StatusExpired) {
 		return settled(r, to)
 	}
-	skus := make([]string, len(r.Lines))
-	for i, l := range r.Lines {
-		skus[i] = l.SKU
-	}
+	skus := r.Lines.SKUs()
 	leases, holds, err := s.acquireAll(ctx, skus)
 	if err != nil {
 		return storage.Reservation{}, err
 	}
 	defer s.releaseAll(ctx, leases, holds)
-	seen, err := s.readRows(ctx, skus, leases)
+	if p.skips(skus) { // failed in this pass while this expiry waited for them
+		return storage.Reservation{}, errSkipped
+	}
+	rctx, cancel = p.bound(ctx)
+	seen, err := s.readRows(rctx, skus, leases)
+	cancel()
 	if err != nil {
 		return storage.Reservation{}, err
 	}
@@ -341,26 +367,30 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 		}
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	defer cancel()
 	done, after, err := s.store.Settle(wctx, s.cfg.Guard, st, moves)
+	cancel()
+	// After the write, a context of its own: the write's may be what ran
+	// out (a slow MySQL), and the request's may have ended meanwhile.
+	actx, cancel := afterCommit(ctx)
+	defer cancel()
 	switch {
 	case err == nil:
-		s.cacheRows(wctx, after, leases)
+		s.cacheRows(actx, after, leases)
 		return done, nil
 	case errors.Is(err, storage.ErrSettled):
 		return settled(done, to)
 	case errors.Is(err, storage.ErrConflict):
 		s.metrics.guardConflicts.Inc()
-		s.refreshLines(wctx, r.Lines, leases)
+		s.refreshLines(actx, r.Lines, leases)
 	case errors.Is(err, storage.ErrOutOfStock):
-		s.refreshLines(wctx, r.Lines, leases)
+		s.refreshLines(actx, r.Lines, leases)
 	case errors.Is(err, storage.ErrStaleFence), errors.Is(err, storage.ErrStaleSweeper):
 		s.metrics.guardConflicts.Inc()
 		err = fmt.Errorf("%w: %w", ErrLockLost, err)
 	default:
 		// Unknown outcome: MySQL says whether the status changed.
-		s.refreshLines(wctx, r.Lines, leases)
-		if now, lerr := s.store.Reservation(wctx, id); lerr == nil && now.Status == to {
+		s.refreshLines(actx, r.Lines, leases)
+		if now, lerr := s.store.Reservation(actx, id); lerr == nil && now.Status == to {
 			s.log.Warn("settle reported failed but committed", "reservation_id", id, "to", to, "err", err)
 			return now, nil
 		}

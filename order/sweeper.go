@@ -3,6 +3,7 @@ package order
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -30,6 +31,12 @@ const (
 	sweepBatches = 10
 	// sweepParallel is how many expiries of a pass run at once.
 	sweepParallel = 4
+	// sweepReadTimeout bounds each MySQL read of the sweeper. A read under
+	// the SKUs' leases waits for a write in flight (InventoryLatest): one
+	// whose writer is frozen between its UPDATE and its COMMIT would keep
+	// the pass, the lock `sweeper` and the SKUs' leases until the writer
+	// runs again or MySQL's lock wait gives up (50 s by default).
+	sweepReadTimeout = 2 * time.Second
 	// sweeperKey is the lock one sweeper at a time holds.
 	sweeperKey = "sweeper"
 )
@@ -67,6 +74,11 @@ func (s *Service) sweepLoop() {
 // expired. With a distributed lock it first waits (one SweepInterval at
 // most) for the lock `sweeper`; not getting it means another replica
 // sweeps, and this pass does nothing.
+//
+// A pass reads each batch on from the last hold of the batch before, so
+// holds it could not expire do not hide younger ones; a pass that ends on
+// its bound leaves the next one to go on from there, and the pass after
+// that starts again from the oldest.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	defer s.observeSweep(ctx)
 	var lease locking.Lease
@@ -83,33 +95,97 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 		}
 		defer s.release(ctx, lease, s.hold(lease))
 	}
-	var sweepToken uint64
+	p := &sweepPass{lease: lease, failed: map[string]bool{}}
 	if lease != nil {
-		sweepToken = lease.Token()
+		p.token = lease.Token()
 	}
+	s.sweepFrom.Lock()
+	after := s.sweepFrom.after
+	s.sweepFrom.Unlock()
 	expired := 0
 	for range sweepBatches {
-		ids, err := s.store.DueReservations(ctx, sweepBatch)
+		rctx, cancel := context.WithTimeout(ctx, sweepReadTimeout)
+		due, err := s.store.DueReservations(rctx, after, sweepBatch)
+		cancel()
 		if err != nil {
 			return expired, err
 		}
-		n, err := s.expireAll(ctx, ids, lease, sweepToken)
+		n, err := s.expireAll(ctx, due, p)
 		expired += n
-		if err != nil || len(ids) < sweepBatch {
+		if err != nil {
 			return expired, err
 		}
+		if len(due) < sweepBatch {
+			after = storage.Reservation{} // the end: the next pass starts over
+			break
+		}
+		after = due[len(due)-1]
 	}
+	s.sweepFrom.Lock()
+	s.sweepFrom.after = after
+	s.sweepFrom.Unlock()
 	return expired, nil
 }
 
-// expireAll expires ids, sweepParallel at a time: each expiry waits for
+// sweepPass is one pass's state: the lease `sweeper` and its token (nil
+// and 0: none), and the SKUs whose expiry failed in this pass.
+type sweepPass struct {
+	lease  locking.Lease
+	token  uint64
+	mu     sync.Mutex
+	failed map[string]bool
+}
+
+// fail notes skus as failing for the rest of the pass.
+func (p *sweepPass) fail(skus []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, sku := range skus {
+		p.failed[sku] = true
+	}
+}
+
+// skips reports whether an expiry of skus failed in this pass: the next
+// pass tries them again. Another expiry there would most likely wait for
+// the same lease or row and fail the same way, keeping a slot of the pass
+// (and the pass itself) from the holds it can expire.
+func (p *sweepPass) skips(skus []string) bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, sku := range skus {
+		if p.failed[sku] {
+			return true
+		}
+	}
+	return false
+}
+
+// bound returns the context of one of the sweeper's MySQL reads: ctx
+// itself for a request (its own deadline bounds it), sweepReadTimeout for
+// the sweeper.
+func (p *sweepPass) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if p == nil {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, sweepReadTimeout)
+}
+
+// errSkipped: an expiry left to the next pass, its SKUs failing in this one.
+var errSkipped = fmt.Errorf("a sku failed earlier in the pass: %w", storage.ErrSettled)
+
+// expireAll expires due, sweepParallel at a time: each expiry waits for
 // the locks of its SKUs behind the holds that queue there, so one at a time
 // would let the lag grow under load. It stops at the first sign that a
 // newer sweeper took over: its lease lost, or the sweeper fence refusing.
-// Any other refusal is one reservation's (a SKU's lease lost, or its fence
-// ahead of this backend's tokens): the pass goes on without it, else the
-// oldest due hold, refused first on every pass, would stop every pass.
-func (s *Service) expireAll(ctx context.Context, ids []string, lease locking.Lease, sweepToken uint64) (int, error) {
+// Any other refusal or failure is one reservation's (a SKU's lease lost or
+// not granted in time, its fence ahead of this backend's tokens, its row
+// held by a writer that does not commit): the pass goes on without it, and
+// without the other holds of its SKUs, else the oldest due hold, failing
+// first on every pass, would stop every pass, or keep it waiting.
+func (s *Service) expireAll(ctx context.Context, due []storage.Reservation, p *sweepPass) (int, error) {
 	var (
 		mu      sync.Mutex
 		expired int
@@ -117,18 +193,22 @@ func (s *Service) expireAll(ctx context.Context, ids []string, lease locking.Lea
 		wg      sync.WaitGroup
 	)
 	slots := make(chan struct{}, sweepParallel)
-	for _, id := range ids {
+	for _, r := range due {
 		mu.Lock()
 		halted := stop != nil
 		mu.Unlock()
-		if halted || lost(lease) {
+		if halted || lost(p.lease) {
 			break
 		}
 		slots <- struct{}{}
+		if p.skips(r.Lines.SKUs()) {
+			<-slots
+			continue
+		}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			r, err := s.settleOnce(ctx, id, storage.StatusExpired, sweepToken)
-			if err == nil && r.SettledBy != s.cfg.Instance {
+			done, err := s.settleOnce(ctx, r.ID, storage.StatusExpired, p)
+			if err == nil && done.SettledBy != s.cfg.Instance {
 				err = storage.ErrSettled // another replica's sweeper came first
 			}
 			s.metrics.reservations.WithLabelValues("expire", settleOutcome(storage.StatusExpired, err)).Inc()
@@ -139,15 +219,19 @@ func (s *Service) expireAll(ctx context.Context, ids []string, lease locking.Lea
 				expired++
 			case errors.Is(err, storage.ErrStaleSweeper):
 				stop = err // a newer sweeper took over
+			case errors.Is(err, storage.ErrSettled):
+				// Another replica settled it first, or a SKU of it failed
+				// earlier in the pass.
 			default:
-				// Another replica settled it first, or it failed or was
-				// refused: the next pass finds it again if it is still due.
-				s.log.Debug("expiry skipped", "reservation_id", id, "err", err)
+				// Failed or refused: the next pass finds it again if it is
+				// still due.
+				p.fail(r.Lines.SKUs())
+				s.log.Debug("expiry failed", "reservation_id", r.ID, "err", err)
 			}
 		})
 	}
 	wg.Wait()
-	if stop == nil && lost(lease) {
+	if stop == nil && lost(p.lease) {
 		stop = ErrLockLost
 	}
 	return expired, stop
@@ -158,6 +242,8 @@ func (s *Service) observeSweep(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, sweepReadTimeout)
+	defer cancel()
 	st, err := s.store.SweepState(ctx)
 	if err != nil {
 		return

@@ -35,6 +35,18 @@ var (
 	ErrStaleSweeper = errors.New("storage: stale sweeper token")
 )
 
+// OutOfStock is ErrOutOfStock naming the SKUs of the lines whose stock
+// did not cover them, in the order of the request's lines (the client's
+// own SKUs: it carries no stock figure).
+type OutOfStock struct{ SKUs []string }
+
+func (e *OutOfStock) Error() string {
+	return strings.Join(e.SKUs, ", ") + ": " + ErrOutOfStock.Error()
+}
+
+// Unwrap makes errors.Is(err, ErrOutOfStock) hold.
+func (e *OutOfStock) Unwrap() error { return ErrOutOfStock }
+
 // Line is one SKU of a reservation, with the fencing token of the lease
 // it was held under (0: none).
 type Line struct {
@@ -46,6 +58,15 @@ type Line struct {
 // Lines is a reservation's lines, kept as one JSON column: a reservation
 // is read and settled whole, never line by line.
 type Lines []Line
+
+// SKUs returns the lines' SKUs, in line order.
+func (l Lines) SKUs() []string {
+	skus := make([]string, len(l))
+	for i, line := range l {
+		skus[i] = line.SKU
+	}
+	return skus
+}
 
 // Value stores the lines as JSON.
 func (l Lines) Value() (driver.Value, error) {
@@ -84,6 +105,10 @@ type Reservation struct {
 	CreatedAt      time.Time  `gorm:"type:datetime(6);not null"`
 	SettledAt      *time.Time `gorm:"type:datetime(6)"`
 	SettledBy      string     `gorm:"type:varchar(255);not null;default:''"`
+	// Due: held and past expires_at by MySQL's clock when it was read (no
+	// column: computed by every read, see withDue). A due hold is expired
+	// for every purpose but its stock, which a sweeper gives back.
+	Due bool `gorm:"->;-:migration"`
 }
 
 // TableName fixes the table's name: the lab reads it.
@@ -190,7 +215,7 @@ func (s *Store) Hold(ctx context.Context, guard Guard, r Reservation, ttl time.D
 		if after, err = applyMoves(ctx, tx, guard, ledger{r.ID, StatusHeld, r.Instance}, moves); err != nil {
 			return err
 		}
-		return tx.Take(&r, "id = ?", r.ID).Error
+		return withDue(tx).Take(&r, "id = ?", r.ID).Error
 	})
 	if err != nil {
 		return Reservation{}, nil, fmt.Errorf("hold: %w", deadlock(err))
@@ -261,7 +286,7 @@ func (s *Store) Settle(ctx context.Context, guard Guard, st Settlement, moves []
 				return err
 			}
 		}
-		return tx.Take(&r, "id = ?", st.ID).Error
+		return withDue(tx).Take(&r, "id = ?", st.ID).Error
 	})
 	if errors.Is(err, ErrSettled) {
 		now, rerr := s.Reservation(ctx, st.ID)
@@ -320,7 +345,11 @@ func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, l ledger, moves [
 		if n, err := res.RowsAffected(); err != nil {
 			return nil, err
 		} else if n == 0 {
-			return nil, fmt.Errorf("%q: %w", sku, refusal(tx, guard, sku, m.Epoch, m.Token))
+			err := refusal(tx, guard, sku, m.Epoch, m.Token)
+			if errors.Is(err, ErrOutOfStock) {
+				return nil, &OutOfStock{SKUs: []string{sku}}
+			}
+			return nil, fmt.Errorf("%q: %w", sku, err)
 		}
 		_, err = tx.Statement.ConnPool.ExecContext(ctx, "INSERT INTO reservation_moves (reservation_id, sku, op, stock, reserved, instance, token, created_at) "+
 			"VALUES (?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))", l.reservation, sku, moveOp[l.to], m.Stock, m.Reserved, l.instance, m.Token)
@@ -357,11 +386,16 @@ func (s *Store) ReservationByKey(ctx context.Context, key string) (Reservation, 
 
 func (s *Store) takeReservation(ctx context.Context, where, arg string) (Reservation, error) {
 	var r Reservation
-	err := s.db.WithContext(ctx).Take(&r, where, arg).Error
+	err := withDue(s.db.WithContext(ctx)).Take(&r, where, arg).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return Reservation{}, ErrNoReservation
 	}
 	return r, err
+}
+
+// withDue reads reservations with Due, by MySQL's clock.
+func withDue(db *gorm.DB) *gorm.DB {
+	return db.Select("*, (status = ? AND expires_at <= UTC_TIMESTAMP(6)) AS due", StatusHeld)
 }
 
 // ReservationOrders returns the ids of the orders a confirmed reservation
@@ -372,14 +406,20 @@ func (s *Store) ReservationOrders(ctx context.Context, id string) ([]string, err
 	return ids, err
 }
 
-// DueReservations returns the ids of at most limit held reservations past
-// their expires_at by MySQL's clock, the oldest due first.
-func (s *Store) DueReservations(ctx context.Context, limit int) ([]string, error) {
-	ids := []string{}
-	err := s.db.WithContext(ctx).Model(&Reservation{}).
-		Where("status = ? AND expires_at <= UTC_TIMESTAMP(6)", StatusHeld).
-		Order("expires_at, id").Limit(limit).Pluck("id", &ids).Error
-	return ids, err
+// DueReservations returns at most limit held reservations past their
+// expires_at by MySQL's clock, the oldest due first, from the first after
+// the reservation after on (its ExpiresAt and ID; the zero Reservation:
+// from the oldest), with their IDs, ExpiresAt and Lines. A sweeper passes
+// the last one it got to read on past due holds that it could not expire.
+func (s *Store) DueReservations(ctx context.Context, after Reservation, limit int) ([]Reservation, error) {
+	due := []Reservation{}
+	q := s.db.WithContext(ctx).Select("id", "expires_at", "lines").
+		Where("status = ? AND expires_at <= UTC_TIMESTAMP(6)", StatusHeld)
+	if after.ID != "" {
+		q = q.Where("(expires_at > ? OR (expires_at = ? AND id > ?))", after.ExpiresAt, after.ExpiresAt, after.ID)
+	}
+	err := q.Order("expires_at, id").Limit(limit).Find(&due).Error
+	return due, err
 }
 
 // SweepState is what the sweeper's metrics show: the stock reservations

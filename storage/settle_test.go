@@ -234,12 +234,12 @@ func expire(t *testing.T, s *storage.Store, id string, token uint64) (storage.Re
 func waitDue(t *testing.T, s *storage.Store, id string) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		due, err := s.DueReservations(t.Context(), 1000)
+		due, err := s.DueReservations(t.Context(), storage.Reservation{}, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, d := range due {
-			if d == id {
+			if d.ID == id {
 				return
 			}
 		}

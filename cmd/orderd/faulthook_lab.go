@@ -23,6 +23,10 @@ import (
 // faultHooks reports whether this build carries the lab's fault hook.
 const faultHooks = true
 
+// logLevel is the lowest level logged: debug, for the lease records the
+// lab reads from the replicas' logs.
+const logLevel = slog.LevelDebug
+
 // faultHookSetting is the one variable outside docs/design.md's table: off
 // by default. Set, the order flow calls GET on the URL, and waits for the
 // answer, at fixed points of the flow (order.HookPoint), so the lab's fault

@@ -17,6 +17,10 @@ import (
 // faultHooks reports whether this build carries the lab's fault hook.
 const faultHooks = false
 
+// logLevel is the lowest level logged: info (start, settings, failures;
+// the lease records are at debug).
+const logLevel = slog.LevelInfo
+
 // refuseLabOnly is a configError when a lab-only variable is set.
 func refuseLabOnly(getenv func(string) string) error {
 	if getenv("OVERSOLD_FAULT_HOOK") != "" {

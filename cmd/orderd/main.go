@@ -98,7 +98,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	base := slog.New(slog.NewJSONHandler(stderr, nil))
+	base := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: logLevel}))
 	log := base.With("instance", cfg.Instance)
 
 	start, cancel := context.WithTimeout(ctx, startTimeout)

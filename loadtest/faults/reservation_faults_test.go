@@ -36,24 +36,17 @@ func assertSettledOnce(t *testing.T, r loadtest.Result) {
 // fresh read, and every invariant holds. (Delete the version condition of
 // storage.applyMoves and the guarded cells fail: checked by hand.)
 //
-// Under load the other sweepers now and then expire nothing for the whole
-// pause (once in CI; in a few runs of the reservation lab's 20-run cells
-// at load 20-56: README, "Reservations under faults"). The cause is not
-// found yet; the hold is expired once the frozen replica resumes. Such a
-// run is checked for damage, not liveness, and the scenario runs once
-// more; a second stall fails.
+// Through the pause a row of the fault's second SKU stays locked, as the
+// frozen replica's own transaction keeps a row when the SIGSTOP catches it
+// between an UPDATE and its COMMIT, and the oldest due hold is there. The
+// other sweepers must still expire the swept hold: a sweeper whose read
+// of that row had no deadline kept its pass and the lock `sweeper` until
+// the replica resumed, and every cell failed here (the stall CI met once,
+// by chance).
 func TestReservationSweeperPause(t *testing.T) {
 	for _, guard := range []string{"none", "version", "fencing"} {
 		t.Run("redis/"+guard, func(t *testing.T) {
-			spec := reservations("reservation-sweeper-pause", "redis", guard)
-			r := runFault(t, spec)
-			if !eventSays(r, "'s sweeper expired") {
-				if guard != "none" {
-					assertNoDamage(t, r)
-				}
-				t.Logf("%s: no other sweeper expired the swept hold during the pause; once more", r.Name())
-				r = runFault(t, spec)
-			}
+			r := runFault(t, reservations("reservation-sweeper-pause", "redis", guard))
 			assertFired(t, r)
 			if !eventSays(r, "'s sweeper expired") {
 				t.Errorf("no other sweeper expired the swept hold during the pause: %v", r.FaultEvents)
@@ -68,16 +61,6 @@ func TestReservationSweeperPause(t *testing.T) {
 			assertSettledOnce(t, r)
 			assertSafe(t, r)
 		})
-	}
-}
-
-// assertNoDamage: nothing oversold, lost, duplicated, settled twice or
-// unexplained by the ledger (every invariant but the liveness of holds).
-func assertNoDamage(t *testing.T, r loadtest.Result) {
-	t.Helper()
-	if r.Error != "" || r.Oversold+r.LostUpdates+r.LostAcks+r.Duplicates != 0 || len(r.Violations) > 0 ||
-		r.DoubleSettled == nil || *r.DoubleSettled != 0 || r.LedgerMismatch == nil || *r.LedgerMismatch != 0 {
-		t.Errorf("%s: %s (double settled %v, ledger mismatch %v); want no damage: %v", r.Name(), r.Verdict(), r.DoubleSettled, r.LedgerMismatch, r.FaultEvents)
 	}
 }
 

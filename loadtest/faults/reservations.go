@@ -34,6 +34,16 @@ import (
 // version and fencing refuse the write, the cancel runs again from a
 // fresh read, and every invariant holds.
 //
+// A SIGSTOP lands anywhere: it may freeze the replica between a write's
+// UPDATE and its COMMIT, the row locked until it runs again. The fault
+// makes that certain: a session of its own keeps the row of a second SKU
+// of its own locked through the pause, and a hold there falls due first.
+// A sweeper reads that row under its lease, waiting for the write in
+// flight; the read must end on its deadline and the sweep go on to the
+// swept hold. (A read without one kept the pass, and the lock `sweeper`,
+// until the replica resumed: no sweeper expired anything in the pause,
+// as CI saw once by chance.)
+//
 // A stale expiry by the frozen sweeper itself cannot do this harm: the
 // conditional status change refuses it once another sweeper expired the
 // hold (ErrSettled), before the sweeper fence or any stock write.
@@ -46,9 +56,30 @@ func ReservationSweeperPause() loadtest.Fault {
 		// The hold the frozen replica cancels: long enough that nothing
 		// but the cancel settles it.
 		kept := reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 60, run.KeyPrefix+"-cancelled")
-		// A hold of one second, abandoned: another replica's sweeper
-		// expires it during the pause.
-		swept := reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 1, run.KeyPrefix+"-swept")
+		// A hold of one second on the second SKU, whose row stays locked.
+		rowSKU := run.FaultSKU + "-row"
+		_, err := db.ExecContext(ctx, "INSERT INTO inventory (sku, stock, reserved, version, fence, fence_epoch, created_at, updated_at) "+
+			"VALUES (?, 1, 0, 1, 0, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))", rowSKU)
+		if err != nil {
+			return err
+		}
+		pinned := reserve(ctx, d.client, r.URL, rowSKU, 1, 1, run.KeyPrefix+"-pinned")
+		if pinned.status != http.StatusCreated {
+			notFired(run, fmt.Errorf("the hold on %s answered %d %s %v", rowSKU, pinned.status, pinned.code, pinned.err))
+			return nil
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		var stock int64
+		if err := tx.QueryRowContext(ctx, "SELECT stock FROM inventory WHERE sku = ? FOR UPDATE", rowSKU).Scan(&stock); err != nil {
+			return err
+		}
+		// A hold of three seconds, abandoned: due after the pinned one,
+		// another replica's sweeper expires it during the pause.
+		swept := reserve(ctx, d.client, r.URL, run.FaultSKU, 1, 3, run.KeyPrefix+"-swept")
 		for _, h := range []placed{kept, swept} {
 			if h.status != http.StatusCreated {
 				notFired(run, fmt.Errorf("a hold of the fault answered %d %s %v", h.status, h.code, h.err))
@@ -56,7 +87,8 @@ func ReservationSweeperPause() loadtest.Fault {
 			}
 			run.AckedHold(h.id, false)
 		}
-		run.Eventf("%s held reservations %s for 60 s, to be cancelled, and %s for 1 s, to be swept", r.Name, kept.id, swept.id)
+		run.Eventf("%s held reservations %s for 60 s, to be cancelled, %s for 3 s, to be swept, and %s for 1 s on %s, whose row a session keeps locked through the pause",
+			r.Name, kept.id, swept.id, pinned.id, rowSKU)
 
 		caught := hook.expect(func(c *hookCall) bool {
 			return c.At == atSettleBeforeWrite && c.Op == "cancel" && c.Reservation == kept.id
@@ -101,6 +133,9 @@ func ReservationSweeperPause() loadtest.Fault {
 			run.Eventf("%s's sweeper expired %s %s into the pause", by, swept.id, since(t0))
 		}
 		_ = sleepCtx(ctx, 2*life-time.Since(t0))
+		if err := tx.Rollback(); err != nil {
+			return err
+		}
 		if err := resume(); err != nil {
 			return fmt.Errorf("resume %s: %w", r.Name, err)
 		}
