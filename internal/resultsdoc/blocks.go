@@ -182,8 +182,8 @@ type choice struct {
 
 var choices = []choice{
 	{"You run Redis already: **the default pick**", "redis", "version", "one Redis (Sentinel or Cluster for failover) and MySQL"},
-	{"Redis, and a refused stale write must abort (409) rather than retry", "redis", "fencing", "as above, plus a `fence` column"},
-	{"Kubernetes or etcd at hand; a lock that survives its leader's failure", "etcd", "fencing", "a 3-member etcd cluster"},
+	{"Redis, and a refused stale write must abort (409) rather than retry", "redis", "fencing", "as above; a `fence` column beside `version`"},
+	{"Kubernetes or etcd at hand; the lock must outlive a server's failure", "etcd", "fencing", "a 3-member etcd cluster"},
 	{"ZooKeeper at hand", "zookeeper", "fencing", "a 3-node ZooKeeper ensemble"},
 	{"Nothing but MySQL", "mysql", "version", "nothing more: the leases live in MySQL"},
 	{"Independent Redis masters (Redlock)", "redlock", "version", "3 or 5 Redis masters; no fencing token"},
@@ -197,7 +197,43 @@ func choose(ev Evidence) string {
 		fmt.Fprintf(&b, "| %s | `%s/%s` | %s | %s | %s |\n", c.situation, c.backend, c.guard,
 			survives(ev, c.backend, c.guard), hotCell(ev, c.backend, c.guard), c.operate)
 	}
+	fmt.Fprintf(&b, "\n*Under the fault runs*: runs where every invariant held, %s seeded runs per fault, "+
+		"of the faults that apply to that lock ([matrix](docs/results.md#faults)).\n",
+		repeats(ev.Faults, func(r Run) string { return r.Name() + " " + r.Fault }))
+	swept := filter(ev.Sweep, func(r Run) bool { return r.SKUs == 1 && r.Error == "" })
+	if len(swept) > 0 {
+		r := swept[0]
+		n := repeats(filter(swept, func(r Run) bool { return r.Name() != "none/atomic" }), Run.Name)
+		if a := len(hot(ev, "none", "atomic")); a > 0 && fmt.Sprint(a) != n {
+			n += fmt.Sprintf(" runs, `none/atomic` %d", a)
+		} else {
+			n += " runs"
+		}
+		fmt.Fprintf(&b, "*Hot SKU*: orders placed (201) per second and 99th-percentile answer time, one SKU on %d replicas,\n"+
+			"%d orders sent as fast as %d clients allow (unpaced), work inside the lock: %s; means of %s ([sweep](docs/results.md#a-hot-sku-what-each-lock-and-guard-costs)).\n",
+			r.Replicas, r.Requests, r.Workers, r.WorkDelay, n)
+	}
+	b.WriteString(coalescing(ev) + "\n")
 	return b.String()
+}
+
+// repeats says how many runs each configuration had, "5" or "3 to 5".
+func repeats(runs []Run, key func(Run) string) string {
+	n := map[string]int{}
+	for _, r := range runs {
+		n[key(r)]++
+	}
+	lo, hi := 0, 0
+	for _, c := range n {
+		if lo == 0 || c < lo {
+			lo = c
+		}
+		hi = max(hi, c)
+	}
+	if lo == hi {
+		return fmt.Sprint(lo)
+	}
+	return fmt.Sprintf("%d to %d", lo, hi)
 }
 
 // survives says which faults a configuration came through, from the
@@ -241,52 +277,70 @@ func hotCell(ev Evidence, backend, guard string) string {
 
 func versionVsFencing(ev Evidence) string {
 	var b strings.Builder
-	b.WriteString("| lock | version: orders/s, p99 ms, refused writes | fencing: orders/s, p99 ms, refused writes |\n|---|---|---|\n")
-	cell := func(backend, guard string) string {
-		runs := hot(ev, backend, guard)
+	b.WriteString("| lock | version: orders/s (min–max), p99 ms, refused writes | fencing: orders/s (min–max), p99 ms, refused writes |\n|---|---|---|\n")
+	cell := func(runs []Run) string {
 		if len(runs) == 0 {
 			return "n/a (no fencing token)"
 		}
-		return fmt.Sprintf("%.0f, %.0f, %.0f", mean(runs, func(r Run) float64 { return r.OrdersRPS }),
+		lo, hi := spread(runs)
+		return fmt.Sprintf("%.0f (%.0f–%.0f), %.0f, %.0f", mean(runs, func(r Run) float64 { return r.OrdersRPS }), lo, hi,
 			mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }),
 			mean(runs, func(r Run) float64 { return float64(r.Conflicts) }))
 	}
+	var overlap, apart []string
 	for _, backend := range lockOrder {
-		if backend == "local" || backend == "none" || len(hot(ev, backend, "version")) == 0 {
+		v, f := hot(ev, backend, "version"), hot(ev, backend, "fencing")
+		if backend == "local" || backend == "none" || len(v) == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", backend, cell(backend, "version"), cell(backend, "fencing"))
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", backend, cell(v), cell(f))
+		if len(f) > 0 {
+			vlo, vhi := spread(v)
+			flo, fhi := spread(f)
+			if vlo <= fhi && flo <= vhi {
+				overlap = append(overlap, backend)
+			} else {
+				apart = append(apart, backend)
+			}
+		}
 	}
 	if runs := hot(ev, "none", "version"); len(runs) > 0 {
-		fmt.Fprintf(&b, "| no lock | %s | n/a |\n", cell("none", "version"))
+		fmt.Fprintf(&b, "| none (no lock): `none/version` | %s | n/a |\n", cell(runs))
 	}
-	if r, ok := find(orders(ev.Default), "none", "version"); ok {
-		fmt.Fprintf(&b, "\nIn the default lab (%d orders, %s of work each, stock %d), `none/version` answered %.0f req/s, p50 %.0f ms, with %d refused writes retried; `redis/none` %s.\n",
-			r.Requests, r.WorkDelay, r.InitialStock, r.ThroughputRPS, r.LatencyMS.P50, r.Conflicts, defaultRate(ev, "redis", "none"))
+	b.WriteString("\n")
+	switch {
+	case len(apart) == 0:
+		fmt.Fprintf(&b, "Under every lock with both (%s), version's orders/s range overlaps fencing's: which is faster, these runs do not tell.\n", strings.Join(overlap, ", "))
+	case len(overlap) == 0:
+		fmt.Fprintf(&b, "Under every lock with both (%s), version's orders/s range and fencing's are apart.\n", strings.Join(apart, ", "))
+	default:
+		fmt.Fprintf(&b, "Version's orders/s range overlaps fencing's under %s (which is faster, these runs do not tell), and is apart from it under %s.\n",
+			strings.Join(overlap, ", "), strings.Join(apart, ", "))
 	}
 	return b.String()
 }
 
-func defaultRate(ev Evidence, backend, guard string) string {
-	r, ok := find(orders(ev.Default), backend, guard)
-	if !ok {
-		return "did not run"
+// spread is the lowest and the highest orders/s of runs.
+func spread(runs []Run) (lo, hi float64) {
+	for i, r := range runs {
+		if i == 0 || r.OrdersRPS < lo {
+			lo = r.OrdersRPS
+		}
+		hi = max(hi, r.OrdersRPS)
 	}
-	return fmt.Sprintf("%.0f req/s, p50 %.0f ms", r.ThroughputRPS, r.LatencyMS.P50)
+	return lo, hi
 }
 
 func failover(ev Evidence) string {
 	var b strings.Builder
-	b.WriteString("| fault on the redis lock | guard | runs safe | two holders at once | oversold | lost updates | stale writes refused | 503 answers | orders resumed after: median s (longest) |\n|---|---|---|---:|---:|---:|---:|---:|---|\n")
-	for _, f := range []string{"redis-failover", "redis-restart"} {
-		for _, g := range guardOrder {
-			t := count(filter(ev.Faults, func(r Run) bool { return r.Backend == "redis" && r.Guard == g && r.Fault == f }))
-			if t.runs == 0 {
-				continue
-			}
-			runs := filter(ev.Faults, func(r Run) bool { return r.Backend == "redis" && r.Guard == g && r.Fault == f })
-			fmt.Fprintf(&b, "| %s | %s | %d/%d | %d | %d | %d | %d | %d | %s |\n", f, g, t.safe, t.runs, t.overlaps, t.oversold, t.lost, t.refused, t.unavailable, recovery(runs))
+	b.WriteString("| guard | runs safe | oversold | lost updates | stale writes refused | 503 answers | orders resumed after: median s (longest) |\n|---|---|---:|---:|---:|---:|---|\n")
+	for _, g := range guardOrder {
+		runs := filter(ev.Faults, func(r Run) bool { return r.Backend == "redis" && r.Guard == g && r.Fault == "redis-failover" })
+		if len(runs) == 0 {
+			continue
 		}
+		t := count(runs)
+		fmt.Fprintf(&b, "| %s | %d/%d | %d | %d | %d | %d | %s |\n", g, t.safe, t.runs, t.oversold, t.lost, t.refused, t.unavailable, recovery(runs))
 	}
 	return b.String()
 }
@@ -305,6 +359,28 @@ func recovery(runs []Run) string {
 	}
 	slices.Sort(ms)
 	return fmt.Sprintf("%.1f (%.1f)", ms[(len(ms)-1)/2]/1000, ms[len(ms)-1]/1000)
+}
+
+// coalescing says how many transactions the sweep's locked hot SKU sold
+// its orders in, against the lock-free reference's one per order.
+func coalescing(ev Evidence) string {
+	locked := filter(ev.Sweep, func(r Run) bool {
+		return r.SKUs == 1 && r.Error == "" && r.Backend != "none" && r.Backend != "local" && r.Batches.Writes > 0
+	})
+	atomic := filter(hot(ev, "none", "atomic"), func(r Run) bool { return r.Batches.Writes > 0 })
+	if len(locked) == 0 || len(atomic) == 0 {
+		return ""
+	}
+	lo, hi, orders := 0, 0, 0
+	for i, r := range locked {
+		if i == 0 || r.Batches.Writes < lo {
+			lo = r.Batches.Writes
+		}
+		hi = max(hi, r.Batches.Writes)
+		orders = max(orders, r.Batches.Orders)
+	}
+	return fmt.Sprintf("A locked hot SKU sold its %d orders in %d to %d transactions, the next holder selling together the orders queued for the lock (*coalescing*); `none/atomic`, one decrement per order, in %d.",
+		orders, lo, hi, atomic[0].Batches.Writes)
 }
 
 func labTime(ev Evidence) string {
@@ -380,7 +456,7 @@ func sweepTable(ev Evidence) string {
 	})
 	ceiling := mean(hot(ev, "none", "atomic"), func(r Run) float64 { return r.OrdersRPS })
 	var b strings.Builder
-	b.WriteString("| run | runs | orders/s | ratio to none/atomic | p50 ms | p99 ms | refused writes | lost updates |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| run | runs | orders/s | min–max | ratio to none/atomic | p50 ms | p99 ms | refused writes | transactions | lost updates |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, k := range keys {
 		runs := hot(ev, k.backend, k.guard)
 		o := mean(runs, func(r Run) float64 { return r.OrdersRPS })
@@ -388,10 +464,12 @@ func sweepTable(ev Evidence) string {
 		if ceiling > 0 {
 			ratio = fmt.Sprintf("%.2f", o/ceiling)
 		}
-		fmt.Fprintf(&b, "| %s/%s | %d | %.0f | %s | %.0f | %.0f | %.0f | %d |\n", k.backend, k.guard, len(runs), o, ratio,
+		lo, hi := spread(runs)
+		fmt.Fprintf(&b, "| %s/%s | %d | %.0f | %.0f–%.0f | %s | %.0f | %.0f | %.0f | %.0f | %d |\n", k.backend, k.guard, len(runs), o, lo, hi, ratio,
 			mean(runs, func(r Run) float64 { return r.LatencyMS.P50 }),
 			mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }),
 			mean(runs, func(r Run) float64 { return float64(r.Conflicts) }),
+			mean(runs, func(r Run) float64 { return float64(r.Batches.Writes) }),
 			count(runs).lost)
 	}
 	return b.String()

@@ -26,6 +26,7 @@ type Run struct {
 	Replicas        int            `json:"replicas"`
 	Fault           string         `json:"fault"`
 	Requests        int            `json:"requests"`
+	Workers         int            `json:"workers"`
 	Status          map[string]int `json:"status"`
 	InitialStock    int            `json:"initial_stock"`
 	OrderedQuantity int            `json:"ordered_quantity"`
@@ -51,6 +52,10 @@ type Run struct {
 	NotApplicable bool     `json:"not_applicable"`
 	Workload      string   `json:"workload"`
 	DurationS     float64  `json:"duration_s"`
+	Batches       struct {
+		Writes int `json:"writes"` // transactions that sold orders
+		Orders int `json:"orders"`
+	} `json:"batches"`
 }
 
 // Name is the run's configuration, "redis/version".
