@@ -39,8 +39,9 @@ func TestOverload(t *testing.T) {
 	})
 }
 
-// stalledBodies: 500 clients send an order's headers and stall its body,
-// more than the in-flight cap (the default, 256). They take no slot: an
+// stalledBodies: 500 clients send the headers of a request with a body (an
+// order, a hold, a stock reset) and stall the body, more than the
+// in-flight cap (150 here; the issue met it at the default, 256). They take no slot: an
 // ordinary order among them is 201 at once (before, every slot was taken
 // and it was 503 at once), and orderd disconnects each of them within 30 s,
 // under a request timeout longer than that (45 s here), selling them
@@ -50,6 +51,10 @@ func stalledBodies(t *testing.T, bin string) {
 		stalled = 500
 		token   = "stall-token"
 		stock   = 100
+		// Below each route's share of the stalled clients (166): a route
+		// whose handler took its slot before its body would fill the cap
+		// on its own.
+		capacity = 150
 	)
 	// This process holds the clients' sockets, orderd its own.
 	var lim syscall.Rlimit
@@ -58,7 +63,7 @@ func stalledBodies(t *testing.T, bin string) {
 	}
 	base := startOrderd(t, command(bin, "OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=stall",
 		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t), "OVERSOLD_REDIS_ADDR="+testbed.Redis(t), "OVERSOLD_LOCK=local",
-		"OVERSOLD_REQUEST_TIMEOUT=45s", "OVERSOLD_ADMIN_TOKEN="+token))
+		"OVERSOLD_REQUEST_TIMEOUT=45s", "OVERSOLD_ADMIN_TOKEN="+token, "OVERSOLD_MAX_IN_FLIGHT="+strconv.Itoa(capacity)))
 	addr := strings.TrimPrefix(base, "http://")
 	put(t, base, token, "stall-1", stock)
 
@@ -86,8 +91,10 @@ func stalledBodies(t *testing.T, bin string) {
 		}
 		c := &client{sent: time.Now(), answered: make(chan struct{}), closed: make(chan struct{})}
 		clients[i] = c
-		if _, err := io.WriteString(conn, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
-			expect+"Idempotency-Key: stalled-"+strconv.Itoa(i)+"\r\nContent-Length: 30\r\n\r\n"); err != nil {
+		// Every route that reads a body, in turn.
+		route := []string{"POST /v1/orders", "POST /v1/reservations", "PUT /v1/inventory/stall-1"}[i%3]
+		if _, err := io.WriteString(conn, route+" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+			"Authorization: Bearer "+token+"\r\n"+expect+"Idempotency-Key: stalled-"+strconv.Itoa(i)+"\r\nContent-Length: 30\r\n\r\n"); err != nil {
 			t.Fatalf("client %d: %v", i, err)
 		}
 		go func() {
