@@ -100,7 +100,7 @@ func (s *Service) readBody(c echo.Context) ([]byte, error) {
 	rc := http.NewResponseController(c.Response())
 	// ErrNotSupported (a recorder in tests): the server's own bounds apply.
 	_ = rc.SetReadDeadline(time.Now().Add(s.ReadTimeout()))
-	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, maxBody))
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response().Writer, c.Request().Body, maxBody))
 	if err != nil {
 		return nil, bodyError(err)
 	}
