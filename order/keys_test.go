@@ -87,6 +87,46 @@ func TestKeyClaimedByTheWrite(t *testing.T) {
 	wantInv(t, holds, "kw-h", 9, 1)
 }
 
+// TestKeyClaimedByTheHoldWrite is TestKeyClaimedByTheWrite the other way:
+// the hold's key check passes, then the hold waits for its SKU's lock
+// (held by an order paused before its write); meanwhile an order under the
+// hold's key commits on another replica. When the hold writes, MySQL
+// refuses it: 422, nothing held.
+func TestKeyClaimedByTheHoldWrite(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("kh-s", 10)
+	f.stock("kh-o", 10)
+	atWrite, release := make(chan struct{}), make(chan struct{})
+	hook := func(ctx context.Context, at order.HookPoint, h order.HookInfo) {
+		if at == order.HookBeforeWrite && h.Key == "blocker" {
+			close(atWrite)
+			<-release
+		}
+	}
+	a := f.service(local.New(), order.Config{Instance: "r1", Lock: "local", FaultHook: hook}).Handler()
+	b := f.service(local.New(), order.Config{Instance: "r2", Lock: "local"}).Handler()
+
+	blocker := make(chan *httptest.ResponseRecorder, 1)
+	go func() { blocker <- post(a, "kh-s", 1, "Idempotency-Key", "blocker") }()
+	<-atWrite // kh-s's lock is held on r1
+	held := make(chan *httptest.ResponseRecorder, 1)
+	go func() { held <- hold(a, 0, "kh", "kh-s", 1) }()
+	// The hold checks its key at once, then waits for kh-s's lock. Should
+	// it check after the order below commits, it is refused by that read
+	// instead, and this test proves less, but never fails wrongly.
+	time.Sleep(300 * time.Millisecond)
+	wantCode(t, post(b, "kh-o", 1, "Idempotency-Key", "kh"), 201, "")
+	close(release)
+	wantCode(t, <-blocker, 201, "")
+	rec := <-held
+	if code := errorCode(t, rec); rec.Code != http.StatusUnprocessableEntity || code != "idempotency_key_reused" {
+		t.Errorf("the hold under the ordered key: %d %s, want 422 idempotency_key_reused", rec.Code, rec.Body)
+	}
+	wantInv(t, b, "kh-s", 9, 0) // the blocker's order alone
+	wantInv(t, b, "kh-o", 9, 0)
+}
+
 // TestKeyRaceAcrossReplicas: for each of 24 keys, an order on one replica
 // and a hold on another (alternately), all released at once from a start
 // barrier, on SKUs of their own so that no lock orders them: for every
