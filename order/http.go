@@ -242,9 +242,10 @@ func readFields(c echo.Context, required, optional []string) (map[string]json.Ra
 var errNotObject = fmt.Errorf("%w: not one JSON object", ErrInvalid)
 
 // members returns the members of data, which must be exactly one JSON
-// object; where names it in a message ("" for the body). A member given twice is refused: encoding/json keeps the last
-// value, while a proxy or a log may read the first, and then the request
-// served is not the one they saw. Names are compared as decoded, so
+// object; where names it in a message ("" for the body). A member given
+// twice is refused: encoding/json keeps the last value, while a proxy or a
+// log may read the first, and then the request served is not the one they
+// saw. Names are compared as decoded, so
 // "qu\u0061ntity" is "quantity" given again.
 func members(data []byte, where string) (map[string]json.RawMessage, error) {
 	if !json.Valid(data) {

@@ -35,9 +35,10 @@ const (
 const maxBodyWait = 20 * time.Second
 
 // ReadTimeout is the time a client has to send its whole request, headers
-// and body: the request timeout, at most 20 s. The server's ReadTimeout
-// (cmd/orderd) bounds the headers with it; the cap's middleware bounds the
-// body with it again, on whatever server runs the handler.
+// and body: the request timeout, at most 20 s. The server running the
+// handler must bound its reads with it (http.Server.ReadTimeout, as
+// cmd/orderd sets it): a request takes no in-flight slot until its body is
+// in, so that bound is what disconnects clients that stall their bodies.
 func (s *Service) ReadTimeout() time.Duration { return min(s.cfg.RequestTimeout, maxBodyWait) }
 
 // limited reports whether the cap and the deadline apply to a path: the
@@ -91,20 +92,20 @@ var bodyRoutes = map[string]bool{
 	"PUT /v1/inventory/:sku": true,
 }
 
-// readBody reads the request's body, at most maxBody bytes, within
-// ReadTimeout, and then lifts the read deadline: the request timeout bounds
-// the rest, and a deadline passing while the handler runs would cancel the
-// request's context (net/http's read of a closed connection reports it).
-// A failed read is 400 invalid_request.
+// readBody reads the request's body, at most maxBody bytes, within the
+// server's ReadTimeout (from the request's first byte: a deadline of our
+// own set here would extend it past a client's slow headers). Once the body
+// is in, it lifts the read deadline: the request timeout bounds the rest,
+// and a deadline passing while the handler runs would cancel the request's
+// context (net/http reports a failed read of the idle connection so). A
+// failed read is 400 invalid_request.
 func (s *Service) readBody(c echo.Context) ([]byte, error) {
-	rc := http.NewResponseController(c.Response())
-	// ErrNotSupported (a recorder in tests): the server's own bounds apply.
-	_ = rc.SetReadDeadline(time.Now().Add(s.ReadTimeout()))
 	body, err := io.ReadAll(http.MaxBytesReader(c.Response().Writer, c.Request().Body, maxBody))
 	if err != nil {
 		return nil, bodyError(err)
 	}
-	_ = rc.SetReadDeadline(time.Time{})
+	// ErrNotSupported (a recorder in tests) leaves nothing to lift.
+	_ = http.NewResponseController(c.Response().Writer).SetReadDeadline(time.Time{})
 	return body, nil
 }
 

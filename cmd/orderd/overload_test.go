@@ -78,6 +78,40 @@ func stalledBodies(t *testing.T, bin string) {
 		answer   string
 		closedAt time.Time
 	}
+	// A few more drip their headers for 15 s before they stall: the bound
+	// runs from a request's first byte, not from its last header.
+	type dripper struct {
+		sent   time.Time
+		closed chan time.Time
+	}
+	drippers := make([]dripper, 5)
+	for i := range drippers {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("dripper %d: %v", i, err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		d := dripper{sent: time.Now(), closed: make(chan time.Time, 1)}
+		drippers[i] = d
+		go func() {
+			io.Copy(io.Discard, conn)
+			d.closed <- time.Now()
+		}()
+		go func() {
+			lines := []string{"POST /v1/orders HTTP/1.1\r\n", "Host: x\r\n", "Content-Type: application/json\r\n"}
+			for j := range 10 {
+				lines = append(lines, "X-Pad-"+strconv.Itoa(j)+": x\r\n")
+			}
+			lines = append(lines, "Content-Length: 30\r\n\r\n")
+			for _, l := range lines {
+				if _, err := io.WriteString(conn, l); err != nil {
+					return // closed by orderd
+				}
+				time.Sleep(1500 * time.Millisecond)
+			}
+		}()
+	}
+
 	clients := make([]*client, stalled)
 	for i := range clients {
 		conn, err := net.Dial("tcp", addr)
@@ -146,6 +180,18 @@ func stalledBodies(t *testing.T, bin string) {
 		}
 		if strings.Contains(c.answer, "HTTP/1.1 20") {
 			t.Errorf("stalled client %d was answered %q", i, c.answer)
+		}
+	}
+	for i, d := range drippers {
+		select {
+		case at := <-d.closed:
+			held := at.Sub(d.sent)
+			longest = max(longest, held)
+			if held > 30*time.Second {
+				t.Errorf("dripping client %d held its connection %v, want at most 30 s", i, held.Round(time.Millisecond))
+			}
+		case <-time.After(time.Until(d.sent.Add(45 * time.Second))):
+			t.Fatalf("dripping client %d still connected after 45 s", i)
 		}
 	}
 	t.Logf("the last stalled client was disconnected after %v", longest.Round(time.Millisecond))
