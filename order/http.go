@@ -1,6 +1,7 @@
 package order
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -9,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"mime"
-	"net"
 	"net/http"
 	"regexp"
 	"slices"
@@ -209,8 +209,8 @@ func (s *Service) authorize(r *http.Request) error {
 // readObject reads the body as one JSON object whose keys are exactly
 // fields (case-sensitive: encoding/json alone would take "SKU" for "sku").
 // Anything else is ErrInvalid: a Content-Type other than application/json,
-// a body over 64 KiB, malformed JSON, trailing data, unknown or missing
-// fields.
+// a body over 64 KiB, malformed JSON, trailing data, a member given twice,
+// unknown or missing fields.
 func readObject(c echo.Context, fields ...string) (map[string]json.RawMessage, error) {
 	return readFields(c, fields, nil)
 }
@@ -221,31 +221,58 @@ func readFields(c echo.Context, required, optional []string) (map[string]json.Ra
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		return nil, invalid("Content-Type must be application/json")
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(c.Response().Writer, r.Body, maxBody))
-	var obj map[string]json.RawMessage
-	err := dec.Decode(&obj)
-	if err == nil && obj == nil {
-		err = errors.New("want an object, got null")
+	// The cap's middleware has read the body already (limit.go); this
+	// read of its copy keeps the handler's own bound.
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response().Writer, r.Body, maxBody))
+	if err != nil {
+		return nil, bodyError(err)
 	}
-	if err == nil {
-		if _, tail := dec.Token(); tail != io.EOF {
-			err = errors.New("trailing data after the object")
-			if tail != nil {
-				err = tail
-			}
-		}
+	obj, err := members(body, "")
+	if errors.Is(err, errNotObject) {
+		return nil, invalid("body must be one JSON object")
 	}
-	var tooBig *http.MaxBytesError
-	var netErr net.Error // the server's read timeout, a dropped connection
-	switch {
-	case errors.As(err, &tooBig):
-		return nil, invalid("body over %d KiB", maxBody>>10)
-	case errors.As(err, &netErr):
-		return nil, invalid("body not received in time")
-	case err != nil:
-		return nil, invalid("body must be one JSON object: %v", err)
+	if err != nil {
+		return nil, err
 	}
 	return obj, checkFields(obj, required, optional)
+}
+
+// errNotObject: members' input is not one JSON object (its own message
+// would quote the decoder, which a client is never told).
+var errNotObject = fmt.Errorf("%w: not one JSON object", ErrInvalid)
+
+// members returns the members of data, which must be exactly one JSON
+// object; where names it in a message ("" for the body). A member given
+// twice is refused: encoding/json keeps the last value, while a proxy or a
+// log may read the first, and then the request served is not the one they
+// saw. Names are compared as decoded, so
+// "qu\u0061ntity" is "quantity" given again.
+func members(data []byte, where string) (map[string]json.RawMessage, error) {
+	if !json.Valid(data) {
+		return nil, errNotObject
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errNotObject
+	}
+	obj := map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		name, ok := tok.(string)
+		if err != nil || !ok {
+			return nil, errNotObject
+		}
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return nil, errNotObject
+		}
+		if _, dup := obj[name]; dup {
+			return nil, invalid("%smember %q is in the object more than once", where, name)
+		}
+		obj[name] = value
+	}
+	// json.Valid vouched for the closing brace and for nothing after it.
+	return obj, nil
 }
 
 // checkFields refuses unknown and missing fields of obj.

@@ -930,8 +930,13 @@ func (downStore) Reservation(context.Context, string) (storage.Reservation, erro
 	return storage.Reservation{}, errDown
 }
 
-// conflictStore is a version guard that refuses every reservation write.
+// conflictStore is a version guard that refuses every reservation write,
+// and MySQL choosing every stock reset as a deadlock's victim.
 type conflictStore struct{ order.Store }
+
+func (conflictStore) PutInventory(context.Context, storage.Put) (storage.Inventory, error) {
+	return storage.Inventory{}, storage.ErrConflict
+}
 
 func (conflictStore) Hold(context.Context, storage.Guard, storage.Reservation, time.Duration, []storage.Move) (storage.Reservation, []storage.Inventory, error) {
 	return storage.Reservation{}, nil, storage.ErrConflict
@@ -979,7 +984,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 	f.stock("down", 5)
 	lockDown := f.service(downLocker{}, order.Config{Lock: "redis"}).Handler()
 	mysqlDown := f.serviceWith(downStore{f.openStore()}, nil, nil, admin).Handler()
-	conflicting := f.serviceWith(conflictStore{f.openStore()}, nil, local.New(), order.Config{Lock: "local"}).Handler()
+	conflicting := f.serviceWith(conflictStore{f.openStore()}, nil, local.New(), admin).Handler()
 
 	// Reservations in each state the table needs, held by the healthy
 	// replica: {res-NAME} in a path is the id of the one named NAME.
@@ -1065,12 +1070,15 @@ func TestOpenAPIStatuses(t *testing.T) {
 		{name: "PUT if another version", h: h, method: "PUT", path: "/v1/inventory/widget", body: `{"stock":5}`, header: append([]string{"If-Match", `"999"`}, auth...), status: 412, code: "precondition_failed"},
 		{name: "PUT if-match not a version", h: h, method: "PUT", path: "/v1/inventory/widget", body: `{"stock":5}`, header: append([]string{"If-Match", "*"}, auth...), status: 400, code: "invalid_request", refused: true},
 		{name: "PUT, lock lost", h: lost, method: "PUT", path: "/v1/inventory/lost", body: `{"stock":50}`, header: auth, status: 409, code: "lock_lost"},
+		{name: "PUT, conflict", h: conflicting, method: "PUT", path: "/v1/inventory/widget", body: `{"stock":5}`, header: auth, status: 409, code: "conflict"},
 		{name: "PUT, lock timeout", h: timeout, method: "PUT", path: "/v1/inventory/held", body: `{"stock":50}`, header: auth, status: 503, code: "lock_timeout"},
 		{name: "PUT, MySQL down", h: mysqlDown, method: "PUT", path: "/v1/inventory/widget", body: `{"stock":5}`, header: auth, status: 503, code: "unavailable"},
 
 		{name: "hold", h: h, method: "POST", path: "/v1/reservations", body: hold1, header: []string{"Idempotency-Key", "r-1"}, status: 201},
 		{name: "hold replay", h: h, method: "POST", path: "/v1/reservations", body: hold1, header: []string{"Idempotency-Key", "r-1"}, status: 200},
 		{name: "hold reused key", h: h, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"widget","quantity":2}]}`, header: []string{"Idempotency-Key", "r-1"}, status: 422, code: "idempotency_key_reused"},
+		{name: "hold under an order's key", h: h, method: "POST", path: "/v1/reservations", body: hold1, header: []string{"Idempotency-Key", "k-1"}, status: 422, code: "idempotency_key_reused"},
+		{name: "order under a hold's key", h: h, method: "POST", path: "/v1/orders", body: order1, header: []string{"Idempotency-Key", "r-1"}, status: 422, code: "idempotency_key_reused"},
 		{name: "hold out of stock", h: h, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"widget","quantity":1000}]}`, status: 409, code: "out_of_stock"},
 		{name: "hold unknown sku", h: h, method: "POST", path: "/v1/reservations", body: `{"lines":[{"sku":"widget","quantity":1},{"sku":"nope","quantity":1}]}`, status: 404, code: "unknown_sku"},
 		{name: "hold no lines", h: h, method: "POST", path: "/v1/reservations", body: `{"lines":[]}`, status: 400, code: "invalid_request", refused: true},

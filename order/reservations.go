@@ -229,12 +229,20 @@ func (s *Service) reservationHook(ctx context.Context, at HookPoint, id, op, sku
 }
 
 // replayHold answers a key already used: its reservation if the request
-// is the same, ErrKeyReused if not; replayed false when the key is new.
+// is the same, ErrKeyReused if not, or if the key made an order (a key
+// names one request, of either kind); replayed false when the key is new.
 func (s *Service) replayHold(ctx context.Context, req HoldRequest) (storage.Reservation, bool, error) {
 	prev, err := s.store.ReservationByKey(ctx, req.Key)
 	switch {
 	case errors.Is(err, storage.ErrNoReservation):
-		return storage.Reservation{}, false, nil
+		o, oerr := s.store.OrderByKey(ctx, req.Key)
+		switch {
+		case oerr == nil:
+			return storage.Reservation{}, false, fmt.Errorf("key names order %s: %w", o.ID, ErrKeyReused)
+		case errors.Is(oerr, storage.ErrNotFound):
+			return storage.Reservation{}, false, nil
+		}
+		return storage.Reservation{}, false, oerr
 	case err != nil:
 		return storage.Reservation{}, false, err
 	case !bytes.Equal(prev.Fingerprint, storage.ReservationFingerprint(req.storageLines(), req.TTLSeconds)):
@@ -256,7 +264,8 @@ func (s *Service) holdRefused(ctx context.Context, req HoldRequest, row storage.
 		s.metrics.guardConflicts.Inc()
 		err = fmt.Errorf("%w: %w", ErrLockLost, err)
 	case errors.Is(err, storage.ErrDuplicate):
-		// A concurrent request with the key committed first.
+		// A concurrent request with the key, a hold or an order,
+		// committed first.
 		if r, replayed, rerr := s.replayHold(ctx, req); replayed || rerr != nil {
 			return r, replayed, rerr
 		}

@@ -3,6 +3,7 @@ package order
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -58,9 +59,12 @@ func parseHold(c echo.Context) (HoldRequest, error) {
 	}
 	seen := map[string]bool{}
 	for i, r := range raw {
-		var line map[string]json.RawMessage
-		if err := json.Unmarshal(r, &line); err != nil || line == nil {
+		line, err := members(r, fmt.Sprintf("lines[%d]: ", i))
+		if errors.Is(err, errNotObject) {
 			return req, invalid("lines[%d] must be an object {\"sku\", \"quantity\"}", i)
+		}
+		if err != nil {
+			return req, err
 		}
 		if err := checkFields(line, []string{"sku", "quantity"}, nil); err != nil {
 			return req, fmt.Errorf("lines[%d]: %w", i, err)

@@ -235,8 +235,8 @@ func (s *Service) Place(ctx context.Context, req Request) (o Order, replayed boo
 			// A retry that raced its own first try (both past step 1
 			// before either committed) finds the stock that try took: it
 			// is a replay, not a refusal.
-			if prev, lerr := s.store.OrderByKey(ctx, req.Key); lerr == nil {
-				return replay(prev, req)
+			if prev, again, lerr := s.replayOrder(ctx, req); lerr == nil || errors.Is(lerr, ErrKeyReused) {
+				return prev, again, lerr
 			}
 		}
 		if !errors.Is(err, storage.ErrConflict) || attempt == maxAttempts {
@@ -256,12 +256,8 @@ func (s *Service) Place(ctx context.Context, req Request) (o Order, replayed boo
 func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, error) {
 	// 1. replay
 	if req.Key != "" {
-		prev, err := s.store.OrderByKey(ctx, req.Key)
-		if err == nil {
-			return replay(prev, req)
-		}
-		if !errors.Is(err, storage.ErrNotFound) {
-			return Order{}, false, err
+		if o, replayed, err := s.replayOrder(ctx, req); !errors.Is(err, storage.ErrNotFound) {
+			return o, replayed, err
 		}
 	}
 	if s.locker == nil {
@@ -441,6 +437,29 @@ func fill(batch []*line, stock int64) (filled, short []*line) {
 	return filled, short
 }
 
+// replayOrder answers an order request by what its key names already:
+// the order placed under it (replay), ErrKeyReused for a reservation held
+// under it (a key names one request, of either kind), storage.ErrNotFound
+// for a new key. The write's claim of the key (storage.PlaceOrder) is what
+// enforces it; this read answers without taking a lock.
+func (s *Service) replayOrder(ctx context.Context, req Request) (Order, bool, error) {
+	prev, err := s.store.OrderByKey(ctx, req.Key)
+	if err == nil {
+		return replay(prev, req)
+	}
+	if !errors.Is(err, storage.ErrNotFound) {
+		return Order{}, false, err
+	}
+	r, rerr := s.store.ReservationByKey(ctx, req.Key)
+	switch {
+	case rerr == nil:
+		return Order{}, false, fmt.Errorf("key names reservation %s: %w", r.ID, ErrKeyReused)
+	case errors.Is(rerr, storage.ErrNoReservation):
+		return Order{}, false, err
+	}
+	return Order{}, false, rerr
+}
+
 // replay answers a request whose key names an order placed earlier: that
 // order, if the request asks for the same thing, else ErrKeyReused.
 func replay(prev storage.Order, req Request) (Order, bool, error) {
@@ -502,23 +521,21 @@ func (s *Service) refused(ctx context.Context, batch, filled []*line, orders []s
 	case errors.Is(err, storage.ErrOutOfStock):
 		s.refresh(ctx, sku, lease) // atomic guard: the cache was behind
 	case errors.Is(err, storage.ErrDuplicate):
-		// A concurrent request with one of the keys committed first; the
-		// UNIQUE index rolled the whole batch back. The orders whose key is
-		// taken now are replays (or reuses) of it; the rest, the short ones
-		// too, sell again.
+		// A concurrent request with one of the keys committed first, an
+		// order or a hold; the key's claim rolled the whole batch back. The
+		// orders whose key is taken now are replays (or reuses) of it; the
+		// rest, the short ones too, sell again.
 		for _, l := range filled {
 			if l.req.Key == "" {
 				l.out = outcome{} // sells again
 				continue
 			}
-			prev, lerr := s.store.OrderByKey(ctx, l.req.Key)
+			o, replayed, lerr := s.replayOrder(ctx, l.req)
 			switch {
-			case lerr == nil:
-				l.out.order, l.out.replayed, l.out.err = replay(prev, l.req)
 			case errors.Is(lerr, storage.ErrNotFound):
 				l.out = outcome{} // sells again
 			default:
-				l.out.err = lerr
+				l.out.order, l.out.replayed, l.out.err = o, replayed, lerr
 			}
 		}
 		again = slices.DeleteFunc(slices.Clone(batch), (*line).answered)

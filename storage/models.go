@@ -57,6 +57,29 @@ type Order struct {
 // TableName fixes the table's name: the lab and outside tools read it.
 func (Order) TableName() string { return "orders" }
 
+// Kinds of request an idempotency key can name.
+const (
+	KindOrder       = "order"
+	KindReservation = "reservation"
+)
+
+// IdempotencyKey is a key some request was made under, an order or a hold
+// (Kind), with the id of what it made (Ref). Its primary key is what makes
+// a key name one request across orders and reservations: the row is
+// inserted in the transaction of the order or of the hold, so a second
+// request under the key, of either kind, fails its INSERT (after waiting
+// for the first one's commit) and writes nothing. The orders' and
+// reservations' own UNIQUE indexes stay, for their lookups by key.
+type IdempotencyKey struct {
+	Key       string    `gorm:"column:idempotency_key;type:varbinary(255);primaryKey"`
+	Kind      string    `gorm:"type:varchar(16);not null"`
+	Ref       string    `gorm:"type:varbinary(36);not null"`
+	CreatedAt time.Time `gorm:"type:datetime(6);not null"`
+}
+
+// TableName fixes the table's name.
+func (IdempotencyKey) TableName() string { return "idempotency_keys" }
+
 // Meta holds facts about the database itself, one row each: the identity
 // written at its first migration (DatabaseIdentity) is the only one so far.
 type Meta struct {

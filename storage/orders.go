@@ -85,7 +85,8 @@ func (w Write) quantity() int64 {
 // A refused guard returns ErrConflict (version; fencing when the token is
 // newer than the fence but the row moved since the read), ErrStaleFence
 // (fencing) or ErrOutOfStock (atomic); a missing row ErrUnknownSKU; an idempotency key
-// already used ErrDuplicate. In every error case nothing was written.
+// already used, by an order or a reservation, ErrDuplicate. In every error
+// case nothing was written.
 func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() error) (Inventory, error) {
 	if len(w.Orders) == 0 {
 		return Inventory{}, errors.New("place order: no order")
@@ -150,10 +151,20 @@ func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() err
 	return inv, nil
 }
 
-// insertOrder inserts w's orders in one statement; a key already used is
-// ErrDuplicate (the batch's orders have ids of their own, so only a key can
-// be a duplicate).
+// insertOrder claims the keys of w's orders (claimKeys) and inserts the
+// orders in one statement; a key already used, by an order or a
+// reservation, is ErrDuplicate (the batch's orders have ids of their own,
+// so only a key can be a duplicate).
 func insertOrder(tx *gorm.DB, w Write) error {
+	var keys, refs []string
+	for _, o := range w.Orders {
+		if o.IdempotencyKey != nil {
+			keys, refs = append(keys, *o.IdempotencyKey), append(refs, o.ID)
+		}
+	}
+	if err := claimKeys(tx, KindOrder, keys, refs); err != nil {
+		return err
+	}
 	err := tx.Create(&w.Orders).Error
 	if mysqlErrno(err) == errDupEntry {
 		return fmt.Errorf("%w: %w", ErrDuplicate, err)

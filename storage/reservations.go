@@ -199,10 +199,16 @@ type Move struct {
 //
 // A refused guard returns ErrConflict (version, or fencing on a stale
 // read), ErrStaleFence (fencing) or ErrOutOfStock (atomic); a missing SKU ErrUnknownSKU; a key already
-// used ErrDuplicate. In every error case nothing was written.
+// used, by a reservation or an order, ErrDuplicate (claimKeys). In every
+// error case nothing was written.
 func (s *Store) Hold(ctx context.Context, guard Guard, r Reservation, ttl time.Duration, moves []Move) (Reservation, []Inventory, error) {
 	var after []Inventory
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if r.IdempotencyKey != nil {
+			if err := claimKeys(tx, KindReservation, []string{*r.IdempotencyKey}, []string{r.ID}); err != nil {
+				return err
+			}
+		}
 		err := tx.Exec("INSERT INTO reservations (id, status, `lines`, expires_at, instance, `lock`, token, idempotency_key, fingerprint, created_at, settled_by) "+
 			"VALUES (?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), '')",
 			r.ID, StatusHeld, r.Lines, ttl.Microseconds(), r.Instance, r.Lock, r.Token, r.IdempotencyKey, r.Fingerprint).Error

@@ -36,8 +36,8 @@ var (
 	ErrStaleFence = errors.New("storage: stale fencing token")
 	// ErrOutOfStock: the atomic guard found less stock than ordered.
 	ErrOutOfStock = errors.New("storage: out of stock")
-	// ErrDuplicate: an order with the same idempotency key exists; the
-	// transaction was rolled back, stock write included.
+	// ErrDuplicate: an order or a reservation with the same idempotency
+	// key exists; the transaction was rolled back, stock write included.
 	ErrDuplicate = errors.New("storage: duplicate idempotency key")
 	// ErrPrecondition: PutInventory's IfVersion is not the row's version.
 	ErrPrecondition = errors.New("storage: version precondition failed")
@@ -165,7 +165,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", migrateLock)
 	db := s.db.WithContext(ctx)
-	if err := db.AutoMigrate(&Inventory{}, &Order{}, &Replica{}, &Meta{}, &Reservation{}, &Fence{}, &ReservationMove{}); err != nil {
+	if err := db.AutoMigrate(&Inventory{}, &Order{}, &Replica{}, &Meta{}, &Reservation{}, &Fence{}, &ReservationMove{}, &IdempotencyKey{}); err != nil {
 		return err
 	}
 	// Tables made before identities were exact strings: AutoMigrate does
@@ -179,6 +179,20 @@ func (s *Store) migrate(ctx context.Context) error {
 		WHERE fingerprint IS NULL AND idempotency_key IS NOT NULL`).Error
 	if err != nil {
 		return err
+	}
+	// Keys written before the shared key table, or since by a replica of
+	// an older version, join it: afterwards no request of either kind can
+	// take them again. Where an older version let one key make both an
+	// order and a reservation, the order keeps it.
+	for _, q := range []string{
+		`INSERT IGNORE INTO idempotency_keys (idempotency_key, kind, ref, created_at)
+			SELECT idempotency_key, 'order', id, created_at FROM orders WHERE idempotency_key IS NOT NULL`,
+		`INSERT IGNORE INTO idempotency_keys (idempotency_key, kind, ref, created_at)
+			SELECT idempotency_key, 'reservation', id, created_at FROM reservations WHERE idempotency_key IS NOT NULL`,
+	} {
+		if err := db.Exec(q).Error; err != nil {
+			return fmt.Errorf("idempotency keys: %w", err)
+		}
 	}
 	// The first migration of a database names it for good.
 	err = db.Exec("INSERT IGNORE INTO meta (name, value) VALUES (?, ?)", identityName, uuid.NewString()).Error
@@ -204,6 +218,26 @@ var exactColumns = []struct{ table, column, typ string }{
 	{"orders", "id", "VARBINARY(36) NOT NULL"},
 	{"orders", "sku", "VARBINARY(64) NOT NULL"},
 	{"orders", "idempotency_key", "VARBINARY(255) NULL"},
+}
+
+// claimKeys inserts keys into idempotency_keys, in tx: a key some request
+// already holds (committed, or once its transaction commits) is
+// ErrDuplicate, and the caller's transaction rolls back with it.
+func claimKeys(tx *gorm.DB, kind string, keys, refs []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	q := "INSERT INTO idempotency_keys (idempotency_key, kind, ref, created_at) VALUES " +
+		strings.TrimSuffix(strings.Repeat("(?, ?, ?, UTC_TIMESTAMP(6)), ", len(keys)), ", ")
+	args := make([]any, 0, 3*len(keys))
+	for i, k := range keys {
+		args = append(args, k, kind, refs[i])
+	}
+	err := tx.Exec(q, args...).Error
+	if mysqlErrno(err) == errDupEntry {
+		return fmt.Errorf("%w: %w", ErrDuplicate, err)
+	}
+	return err
 }
 
 // binaryColumns changes the exactColumns that are not VARBINARY yet. Case

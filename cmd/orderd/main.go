@@ -176,10 +176,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	srv := &http.Server{
 		Handler: svc.Handler(),
-		// A client has the request timeout to send its whole request,
-		// headers and body: a client that drips its bytes cannot hold a
-		// connection (and an in-flight slot) past it.
-		ReadTimeout: cfg.RequestTimeout,
+		// A client has the request timeout, at most 20 s, to send its
+		// whole request, headers and body: a client that drips or stalls
+		// its bytes cannot hold a connection past it. It holds no
+		// in-flight slot meanwhile: a request takes one once its body is
+		// read (order/limit.go).
+		ReadTimeout: svc.ReadTimeout(),
 		// The answer's bound: the request timeout, and the commit's own
 		// bounded time past it (an order's outcome never depends on the
 		// client's connection).

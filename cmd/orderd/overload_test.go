@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,6 +33,171 @@ func TestOverload(t *testing.T) {
 		t.Parallel()
 		requestDeadline(t, bin)
 	})
+	t.Run("stalled bodies", func(t *testing.T) {
+		t.Parallel()
+		stalledBodies(t, bin)
+	})
+}
+
+// stalledBodies: 500 clients send the headers of a request with a body (an
+// order, a hold, a stock reset) and stall the body, more than the
+// in-flight cap (150 here; the issue met it at the default, 256). They take no slot: an
+// ordinary order among them is 201 at once (before, every slot was taken
+// and it was 503 at once), and orderd disconnects each of them within 30 s,
+// under a request timeout longer than that (45 s here), selling them
+// nothing.
+func stalledBodies(t *testing.T, bin string) {
+	const (
+		stalled = 500
+		token   = "stall-token"
+		stock   = 100
+		// Below each route's share of the stalled clients (166): a route
+		// whose handler took its slot before its body would fill the cap
+		// on its own.
+		capacity = 150
+	)
+	// This process holds the clients' sockets, orderd its own.
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur < stalled+200 {
+		t.Fatalf("open files limit %d (%v): %d stalled clients need more (ulimit -n)", lim.Cur, err, stalled)
+	}
+	base := startOrderd(t, command(bin, "OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=stall",
+		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t), "OVERSOLD_REDIS_ADDR="+testbed.Redis(t), "OVERSOLD_LOCK=local",
+		"OVERSOLD_REQUEST_TIMEOUT=45s", "OVERSOLD_ADMIN_TOKEN="+token, "OVERSOLD_MAX_IN_FLIGHT="+strconv.Itoa(capacity)))
+	addr := strings.TrimPrefix(base, "http://")
+	put(t, base, token, "stall-1", stock)
+
+	// Each client sends its headers (Content-Length of an order that never
+	// comes) and then nothing. The second half asks for 100 Continue: its
+	// interim answer (or a final one) says orderd read its headers and runs
+	// its handler, so the ordinary order goes after every stalled one is in.
+	type client struct {
+		sent     time.Time
+		answered chan struct{} // the first byte of an answer, or the close
+		closed   chan struct{}
+		answer   string
+		closedAt time.Time
+	}
+	// A few more drip their headers for 15 s before they stall: the bound
+	// runs from a request's first byte, not from its last header.
+	type dripper struct {
+		sent   time.Time
+		closed chan time.Time
+	}
+	drippers := make([]dripper, 5)
+	for i := range drippers {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("dripper %d: %v", i, err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		d := dripper{sent: time.Now(), closed: make(chan time.Time, 1)}
+		drippers[i] = d
+		go func() {
+			io.Copy(io.Discard, conn)
+			d.closed <- time.Now()
+		}()
+		go func() {
+			lines := []string{"POST /v1/orders HTTP/1.1\r\n", "Host: x\r\n", "Content-Type: application/json\r\n"}
+			for j := range 10 {
+				lines = append(lines, "X-Pad-"+strconv.Itoa(j)+": x\r\n")
+			}
+			lines = append(lines, "Content-Length: 30\r\n\r\n")
+			for _, l := range lines {
+				if _, err := io.WriteString(conn, l); err != nil {
+					return // closed by orderd
+				}
+				time.Sleep(1500 * time.Millisecond)
+			}
+		}()
+	}
+
+	clients := make([]*client, stalled)
+	for i := range clients {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		expect := ""
+		if i >= stalled/2 {
+			expect = "Expect: 100-continue\r\n"
+		}
+		c := &client{sent: time.Now(), answered: make(chan struct{}), closed: make(chan struct{})}
+		clients[i] = c
+		// Every route that reads a body, in turn.
+		route := []string{"POST /v1/orders", "POST /v1/reservations", "PUT /v1/inventory/stall-1"}[i%3]
+		if _, err := io.WriteString(conn, route+" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+			"Authorization: Bearer "+token+"\r\n"+expect+"Idempotency-Key: stalled-"+strconv.Itoa(i)+"\r\nContent-Length: 30\r\n\r\n"); err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		go func() {
+			var b strings.Builder
+			buf := make([]byte, 512)
+			first := true
+			for {
+				n, err := conn.Read(buf)
+				b.Write(buf[:n])
+				if first && (n > 0 || err != nil) {
+					first = false
+					close(c.answered)
+				}
+				if err != nil {
+					break
+				}
+			}
+			c.answer, c.closedAt = b.String(), time.Now()
+			close(c.closed)
+		}()
+	}
+	for i, c := range clients[stalled/2:] {
+		select {
+		case <-c.answered:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("stalled client %d: orderd did not read its headers in 20 s", stalled/2+i)
+		}
+	}
+
+	began := time.Now()
+	code, _, body := postOrder(base, "stall-1", 1, "ordinary")
+	took := time.Since(began)
+	t.Logf("an ordinary order among %d stalled bodies: %d in %v", stalled, code, took.Round(time.Millisecond))
+	if code != http.StatusCreated || took > 2*time.Second {
+		t.Errorf("an ordinary order among %d stalled bodies: %d %s after %v, want 201 in under 2 s", stalled, code, body, took.Round(time.Millisecond))
+	}
+
+	var longest time.Duration
+	for i, c := range clients {
+		select {
+		case <-c.closed:
+		case <-time.After(time.Until(c.sent.Add(40 * time.Second))):
+			t.Fatalf("stalled client %d still connected after 40 s", i)
+		}
+		held := c.closedAt.Sub(c.sent)
+		longest = max(longest, held)
+		if held > 30*time.Second {
+			t.Errorf("stalled client %d held its connection %v, want at most 30 s", i, held.Round(time.Millisecond))
+		}
+		if strings.Contains(c.answer, "HTTP/1.1 20") {
+			t.Errorf("stalled client %d was answered %q", i, c.answer)
+		}
+	}
+	for i, d := range drippers {
+		select {
+		case at := <-d.closed:
+			held := at.Sub(d.sent)
+			longest = max(longest, held)
+			if held > 30*time.Second {
+				t.Errorf("dripping client %d held its connection %v, want at most 30 s", i, held.Round(time.Millisecond))
+			}
+		case <-time.After(time.Until(d.sent.Add(45 * time.Second))):
+			t.Fatalf("dripping client %d still connected after 45 s", i)
+		}
+	}
+	t.Logf("the last stalled client was disconnected after %v", longest.Round(time.Millisecond))
+	if got := inventoryStock(t, base, "stall-1"); got != stock-1 {
+		t.Errorf("stock %d, want %d: the ordinary order's alone", got, stock-1)
+	}
 }
 
 // requestDeadline: an order whose work (3s) outlasts OVERSOLD_REQUEST_TIMEOUT
