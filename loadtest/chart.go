@@ -5,6 +5,7 @@ import (
 	"html"
 	"html/template"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -16,10 +17,6 @@ const (
 	valueWidth = 70 // room for the value right of the longest bar
 )
 
-// palette colours runs and series; it repeats after ten.
-var palette = []string{"#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed",
-	"#0891b2", "#db2777", "#65a30d", "#475569", "#ea580c"}
-
 // series is one set of bars, one value per label.
 type series struct {
 	name   string
@@ -27,11 +24,61 @@ type series struct {
 	values []float64
 }
 
-// barChart draws horizontal bars: one group per label, one bar per series.
-func barChart(title, unit string, labels []string, ss []series) template.HTML {
-	const bar, gap, top = 14, 10, 46
+// Runs are coloured by verdict: blue where every invariant held, red where
+// one broke; a chart's second series is a lighter shade of the same.
+var verdictColors = map[bool][2]string{
+	true:  {"#2563eb", "#93c5fd"},
+	false: {"#dc2626", "#fca5a5"},
+}
+
+// verdictWord names a verdict colour in legends and data attributes.
+func verdictWord(safe bool) string {
+	if safe {
+		return "safe"
+	}
+	return "unsafe"
+}
+
+// bars is a bar chart's runs: a name and a verdict each.
+type bars struct {
+	id     string // data-chart
+	labels []string
+	safe   []bool
+	// safeKey, if set, is the one legend entry for the runs that kept
+	// every invariant, whatever the series (their bars are 0).
+	safeKey string
+}
+
+// barChart draws horizontal bars: one group per run, one bar per series,
+// each bar in its run's verdict colour (the series' shade), and a legend
+// naming both.
+func barChart(title, unit string, runs bars, ss []series) template.HTML {
+	const bar, gap = 14, 10
+	labels := runs.labels
+	// The legend: a swatch per series and verdict present.
+	var keys []series
+	for _, safe := range []bool{true, false} {
+		if !slices.Contains(runs.safe, safe) {
+			continue
+		}
+		if safe && runs.safeKey != "" {
+			keys = append(keys, series{name: runs.safeKey, color: verdictColors[true][0]})
+			continue
+		}
+		for j, s := range ss {
+			name := "kept every invariant"
+			if !safe {
+				name = "broke an invariant"
+			}
+			if len(ss) > 1 {
+				name = s.name + ", " + name
+			}
+			keys = append(keys, series{name: name, color: verdictColors[safe][min(j, 1)]})
+		}
+	}
+	top := 28 + 14*legendRows(keys, 4)
 	group := bar*len(ss) + gap
-	height := top + group*len(labels) + 24
+	height := top + 8 + group*len(labels) + 24
 	maxV := 0.0
 	for _, s := range ss {
 		for _, v := range s.values {
@@ -46,12 +93,16 @@ func barChart(title, unit string, labels []string, ss []series) template.HTML {
 	labelWidth := int(math.Ceil(lw)) + 14
 	span := float64(chartWidth - labelWidth - valueWidth)
 	var b strings.Builder
-	svgOpen(&b, title, height)
-	legend(&b, ss, labelWidth, 24)
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s" data-chart="%s">`,
+		chartWidth, height, chartWidth, height, esc(title), esc(runs.id))
+	fmt.Fprintf(&b, `<text x="4" y="16" class="title">%s</text>`, esc(fitText(title, 14, chartWidth-8)))
+	legend(&b, keys, 4, 24)
 	for i, label := range labels {
-		y := top + i*group
-		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" class="label">%s</text>`,
-			labelWidth-8, y+bar*len(ss)/2+4, esc(label))
+		y := top + 8 + i*group
+		verdict := verdictWord(runs.safe[i])
+		fmt.Fprintf(&b, `<g data-run="%s" data-verdict="%s">`, esc(label), verdict)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" class="label %s">%s</text>`,
+			labelWidth-8, y+bar*len(ss)/2+4, verdict, esc(label))
 		for j, s := range ss {
 			v := s.values[i]
 			w := 0.0
@@ -59,12 +110,13 @@ func barChart(title, unit string, labels []string, ss []series) template.HTML {
 				w = v / maxV * span
 			}
 			by := y + j*bar
-			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"><title>%s %s: %s %s</title></rect>`,
-				labelWidth, by, math.Max(w, 1), bar-2, s.color, esc(label), esc(s.name), num(v), esc(unit))
+			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"><title>%s %s: %s %s (%s)</title></rect>`,
+				labelWidth, by, math.Max(w, 1), bar-2, verdictColors[runs.safe[i]][min(j, 1)], esc(label), esc(s.name), num(v), esc(unit), verdict)
 			fmt.Fprintf(&b, `<text x="%.1f" y="%d" class="value">%s</text>`, float64(labelWidth)+math.Max(w, 1)+4, by+bar-4, num(v))
 		}
+		b.WriteString(`</g>`)
 	}
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>`, labelWidth, top-4, labelWidth, height-20)
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>`, labelWidth, top+4, labelWidth, height-20)
 	fmt.Fprintf(&b, `<text x="%d" y="%d" class="unit">%s</text>`, labelWidth, height-6, esc(unit))
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String())
@@ -72,15 +124,16 @@ func barChart(title, unit string, labels []string, ss []series) template.HTML {
 
 // line is one run's curve.
 type line struct {
-	name   string
-	color  string
-	xs, ys []float64
+	name    string
+	color   string
+	verdict string // "safe" or "unsafe" for a run's curve; "" for other lines
+	xs, ys  []float64
 }
 
 // smallMultiples draws each run's curve in a panel of its own, every
 // panel on the same axes, so runs compare by position instead of by colour
 // in one tangle.
-func smallMultiples(title, xUnit, yUnit string, ls []line) template.HTML {
+func smallMultiples(id, title, xUnit, yUnit string, ls []line) template.HTML {
 	const cols, gapX, gapY, top, panelH = 3, 18, 34, 34, 120
 	const left, bottom = 44, 22 // room for the shared axes' labels
 	maxX, maxY := 0.0, 0.0
@@ -96,15 +149,21 @@ func smallMultiples(title, xUnit, yUnit string, ls []line) template.HTML {
 	height := top + rows*(panelH+gapY) + 8
 
 	var b strings.Builder
-	svgOpen(&b, title, height)
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s" data-chart="%s">`,
+		chartWidth, height, chartWidth, height, esc(title), esc(id))
+	fmt.Fprintf(&b, `<text x="4" y="16" class="title">%s</text>`, esc(fitText(title, 14, chartWidth-8)))
 	for i, l := range ls {
 		ox := left + float64(i%cols)*(panelW+gapX)
 		oy := float64(top + (i/cols)*(panelH+gapY) + 16)
 		ph := float64(panelH - bottom)
 		px := func(x float64) float64 { return ox + x/maxX*panelW }
 		py := func(y float64) float64 { return oy + ph - y/maxY*ph }
-		fmt.Fprintf(&b, `<g data-panel="%s">`, esc(l.name))
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="label">%s<title>%s</title></text>`, ox, oy-5, esc(fitText(l.name, 12, panelW)), esc(l.name))
+		if l.verdict != "" {
+			fmt.Fprintf(&b, `<g data-panel="%s" data-run="%s" data-verdict="%s">`, esc(l.name), esc(l.name), l.verdict)
+		} else {
+			fmt.Fprintf(&b, `<g data-panel="%s">`, esc(l.name))
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="label %s">%s<title>%s</title></text>`, ox, oy-5, l.verdict, esc(fitText(l.name, 12, panelW)), esc(l.name))
 		for _, t := range yTicks {
 			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="grid"/>`, ox, py(t), ox+panelW, py(t))
 			if i%cols == 0 {
@@ -132,21 +191,25 @@ func smallMultiples(title, xUnit, yUnit string, ls []line) template.HTML {
 	return template.HTML(b.String())
 }
 
-func svgOpen(b *strings.Builder, title string, height int) {
-	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s">`,
-		chartWidth, height, chartWidth, height, esc(title))
-	fmt.Fprintf(b, `<text x="4" y="16" class="title">%s</text>`, esc(title))
+// legendRows is how many rows legend draws for ss from x.
+func legendRows(ss []series, x int) int {
+	rows, x0 := 1, x
+	for _, s := range ss {
+		w := 24 + int(textWidth(s.name, 11))
+		if x+w > chartWidth && x > x0 {
+			x, rows = x0, rows+1
+		}
+		x += w
+	}
+	return rows
 }
 
 // legend draws one swatch and name per series, on one row from (x, y),
 // wrapping at the chart's edge.
 func legend(b *strings.Builder, ss []series, x, y int) {
-	if len(ss) < 2 {
-		return
-	}
 	x0 := x
 	for _, s := range ss {
-		w := 24 + 7*len(s.name)
+		w := 24 + int(textWidth(s.name, 11))
 		if x+w > chartWidth && x > x0 {
 			x, y = x0, y+14
 		}

@@ -109,7 +109,7 @@ func TestWriteReport(t *testing.T) {
 
 	md := read(ResultsMD)
 	for _, want := range []string{"| local/none |", "OVERSOLD 31", "| redis/none |", "safe", "FAILED", rep.Machine.CPU, "lab --backends",
-		"| linearizable | verdict |", "| no | OVERSOLD 31", "| yes | safe"} {
+		"| run | verdict | answers |", "| local/none | OVERSOLD 31, 31 LOST UPDATES |", "| redis/none | safe |", "| oversold | undersold |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("results.md lacks %q", want)
 		}

@@ -31,6 +31,9 @@ type Result struct {
 	// some order was refused out_of_stock: customers turned away while
 	// there was stock to sell (0 when nothing was refused).
 	Undersold int `json:"undersold"`
+	// ErrorCodes counts the refused answers by status and API error code,
+	// "409 out_of_stock", "503 unavailable": what the report explains.
+	ErrorCodes map[string]int `json:"error_codes,omitempty"`
 
 	SKUs      int    `json:"skus"`
 	Rate      int    `json:"rate"`    // requests per second offered

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -484,6 +486,21 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	return nil
 }
 
+// errorCodes counts the 4xx and 5xx answers by status and API error code:
+// "503 unavailable", "409 conflict".
+func errorCodes(answers []Answer) map[string]int {
+	out := map[string]int{}
+	for _, a := range answers {
+		if a.Code >= 400 {
+			out[strconv.Itoa(a.Code)+" "+cmp.Or(a.Error, "(no code)")]++
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
 // soldOut returns the SKUs on which some order was answered 409
 // out_of_stock, in the order first seen.
 func soldOut(answers []Answer) []string {
@@ -577,6 +594,7 @@ func (rn *Runner) load(ctx context.Context, run *Run, fault Fault, spec AttackSp
 		return nil, err
 	}
 	res.Status, res.NoResponse = atk.Status, atk.NoResponse
+	res.ErrorCodes = errorCodes(atk.Answers)
 	res.DurationS = round(atk.Duration.Seconds())
 	res.ThroughputRPS = round(atk.Throughput)
 	if atk.Duration > 0 {

@@ -236,6 +236,9 @@ func (r Result) StoryLines() []StoryLine {
 		}
 		out = append(out, t.StoryLine)
 	}
+	if why := refusals(r); why != "" {
+		out = append(out, StoryLine{Kind: "why", Text: why})
+	}
 	var end []string
 	if r.NotFired {
 		end = append(end, "the fault did not fire: the run says nothing about "+r.Fault)
