@@ -14,7 +14,9 @@ import (
 
 const (
 	chartWidth = 760
-	valueWidth = 70 // room for the value right of the longest bar
+	// barWidth is narrower: bar charts shrink less on a phone.
+	barWidth   = 600
+	valueWidth = 56 // room for the value right of the longest bar
 )
 
 // series is one set of bars, one value per label.
@@ -76,7 +78,7 @@ func barChart(title, unit string, runs bars, ss []series) template.HTML {
 			keys = append(keys, series{name: name, color: verdictColors[safe][min(j, 1)]})
 		}
 	}
-	top := 28 + 14*legendRows(keys, 4)
+	top := 28 + 14*legendRows(keys, 4, barWidth)
 	group := bar*len(ss) + gap
 	height := top + 8 + group*len(labels) + 24
 	maxV := 0.0
@@ -91,12 +93,12 @@ func barChart(title, unit string, runs bars, ss []series) template.HTML {
 		lw = math.Max(lw, textWidth(l, 12))
 	}
 	labelWidth := int(math.Ceil(lw)) + 14
-	span := float64(chartWidth - labelWidth - valueWidth)
+	span := float64(barWidth - labelWidth - valueWidth)
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s" data-chart="%s">`,
-		chartWidth, height, chartWidth, height, esc(title), esc(runs.id))
-	fmt.Fprintf(&b, `<text x="4" y="16" class="title">%s</text>`, esc(fitText(title, 14, chartWidth-8)))
-	legend(&b, keys, 4, 24)
+		barWidth, height, barWidth, height, esc(title), esc(runs.id))
+	fmt.Fprintf(&b, `<text x="4" y="16" class="title">%s</text>`, esc(fitText(title, 14, barWidth-8)))
+	legend(&b, keys, 4, 24, barWidth)
 	for i, label := range labels {
 		y := top + 8 + i*group
 		verdict := verdictWord(runs.safe[i])
@@ -192,11 +194,11 @@ func smallMultiples(id, title, xUnit, yUnit string, ls []line) template.HTML {
 }
 
 // legendRows is how many rows legend draws for ss from x.
-func legendRows(ss []series, x int) int {
+func legendRows(ss []series, x, width int) int {
 	rows, x0 := 1, x
 	for _, s := range ss {
 		w := 24 + int(textWidth(s.name, 11))
-		if x+w > chartWidth && x > x0 {
+		if x+w > width && x > x0 {
 			x, rows = x0, rows+1
 		}
 		x += w
@@ -205,12 +207,12 @@ func legendRows(ss []series, x int) int {
 }
 
 // legend draws one swatch and name per series, on one row from (x, y),
-// wrapping at the chart's edge.
-func legend(b *strings.Builder, ss []series, x, y int) {
+// wrapping at the chart's edge (width).
+func legend(b *strings.Builder, ss []series, x, y, width int) {
 	x0 := x
 	for _, s := range ss {
 		w := 24 + int(textWidth(s.name, 11))
-		if x+w > chartWidth && x > x0 {
+		if x+w > width && x > x0 {
 			x, y = x0, y+14
 		}
 		fmt.Fprintf(b, `<rect x="%d" y="%d" width="10" height="10" fill="%s"/><text x="%d" y="%d" class="value">%s</text>`,

@@ -21,10 +21,7 @@ type RunNote struct {
 
 // RunNotes are the explanations the results table carries below it.
 func RunNotes(results []Result) []RunNote {
-	var out []RunNote
-	if n, ok := versionNote(results); ok {
-		out = append(out, n)
-	}
+	out := versionNotes(results)
 	for _, r := range results {
 		if r.Error != "" || r.Workload != "" {
 			continue
@@ -36,14 +33,15 @@ func RunNotes(results []Result) []RunNote {
 	return out
 }
 
-// versionNote explains none/version's speed under a hot SKU, with its
-// figures, and what version costs against fencing under a lock.
-func versionNote(results []Result) (RunNote, bool) {
+// versionNotes explain none/version's speed under a hot SKU, with its
+// figures, and what version costs against fencing under a lock, with the
+// figures of one lock run with both guards when the report has them.
+func versionNotes(results []Result) []RunNote {
 	i := slices.IndexFunc(results, func(r Result) bool {
 		return r.Config() == "none/version" && r.Fault == "" && r.Workload == "" && r.Error == ""
 	})
 	if i < 0 {
-		return RunNote{}, false
+		return nil
 	}
 	v := results[i]
 	note := RunNote{Runs: []string{v.Name()}}
@@ -57,8 +55,12 @@ func versionNote(results []Result) (RunNote, bool) {
 		}
 		b.WriteString(")")
 	}
-	b.WriteString(". The retries are the cost: each one is a read and a write more, and the latency grows with the replicas racing. ")
-	b.WriteString("Under a lock, version costs about what fencing costs: the lock lets one writer at a time, so the version check rarely refuses. They differ in what they check: version also refuses a write built on a stale read (a cache entry older than the row) and needs no token; fencing checks only that no newer lock holder wrote, and needs a lock that gives tokens (not local, not redlock).")
+	b.WriteString(". The retries are the cost: each one is a read and a write more, and the latency grows with the replicas racing.")
+	note.Text = b.String()
+	out := []RunNote{note}
+	b.Reset()
+	cost := RunNote{}
+	b.WriteString("Version against fencing: under a lock, version costs about what fencing costs, since the lock lets one writer at a time and the version check rarely refuses. They differ in what they check: version also refuses a write built on a stale read (a cache entry older than the row) and needs no token; fencing checks only that no newer lock holder wrote, and needs a lock that gives tokens (not local, not redlock).")
 	// The same lock with both guards, when this report ran them.
 	for _, r := range results {
 		if r.Guard != "version" || r.Backend == "none" || r.Fault != "" || r.Workload != "" || r.Error != "" {
@@ -73,10 +75,11 @@ func versionNote(results []Result) (RunNote, bool) {
 		f := results[j]
 		fmt.Fprintf(&b, " Here, under %s: version %s requests/s, p50 %s ms, %d conflicts; fencing %s requests/s, p50 %s ms, %d refused.",
 			r.Backend, num(r.ThroughputRPS), num(r.LatencyMS.P50), r.Conflicts, num(f.ThroughputRPS), num(f.LatencyMS.P50), f.Conflicts)
-		note.Runs = append(note.Runs, r.Name(), f.Name())
+		cost.Runs = append(cost.Runs, r.Name(), f.Name())
+		break
 	}
-	note.Text = b.String()
-	return note, true
+	cost.Text = b.String()
+	return append(out, cost)
 }
 
 // refusals explains r's 503s, and its 409s other than out_of_stock, in

@@ -182,8 +182,8 @@ func writeHTML(w io.Writer, rep Report) error {
 	var charts []template.HTML
 	if len(rep.Results) > 0 {
 		charts = []template.HTML{
-			barChart("Throughput per run: requests answered per second (at most the offered rate)", "per second", speed, []series{rps}),
-			barChart("Client latency per run", "ms", latency, []series{p50, p99}),
+			barChart("Requests answered per second (at most the offered rate)", "per second", speed, []series{rps}),
+			barChart("Client latency per run, p50 and p99", "ms", latency, []series{p50, p99}),
 		}
 	}
 	if len(lines) > 0 {

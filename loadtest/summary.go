@@ -80,6 +80,7 @@ func Summary(results []Result) []string {
 // config is one configuration's runs of direct orders in a report.
 type config struct {
 	name          string
+	backend       string
 	guard         string
 	plain, faults []Result // without and with a fault
 }
@@ -95,7 +96,7 @@ func configs(ran []Result) []*config {
 		name := r.Config()
 		i := slices.IndexFunc(out, func(c *config) bool { return c.name == name })
 		if i < 0 {
-			out = append(out, &config{name: name, guard: r.Guard})
+			out = append(out, &config{name: name, backend: r.Backend, guard: r.Guard})
 			i = len(out) - 1
 		}
 		if r.Fault == "" {
@@ -124,26 +125,51 @@ func (c *config) rps() float64 {
 	return sum / float64(len(c.plain))
 }
 
+// untested returns the fault scenarios of the report that ran on c's
+// lock with some guard and never struck c itself.
+func (c *config) untested(cs []*config) []string {
+	var out []string
+	for _, o := range cs {
+		if o.backend != c.backend {
+			continue
+		}
+		for _, r := range o.faults {
+			struck := slices.ContainsFunc(c.faults, func(f Result) bool { return f.Fault == r.Fault && !f.NotFired })
+			if !struck && !slices.Contains(out, r.Fault) {
+				out = append(out, r.Fault)
+			}
+		}
+	}
+	return out
+}
+
 // Pick says which configuration the evidence of this report recommends:
 // the fastest one that stayed safe in every fault run of the report, or,
 // when the report ran no fault, the fastest guarded one, saying that a run
-// without faults proves nothing about a lease lock alone. A configuration
-// with guard none is never the pick: it trusts the lock alone, which is
-// what a fault breaks. Speed is measured by the runs without a fault.
+// without faults proves nothing about a lease lock alone. With faults, a
+// candidate must have met, and survived, every scenario the report ran on
+// its lock (with any guard). A configuration with guard none is never the
+// pick: it trusts the lock alone, which is what a fault breaks. Speed is
+// measured by the runs without a fault.
 func Pick(ran []Result) []string {
 	cs := configs(ran)
 	if len(cs) == 0 {
 		return nil
 	}
 	faulted := slices.ContainsFunc(cs, func(c *config) bool { return len(c.faults) > 0 })
-	var candidates []*config
+	var candidates, partial []*config // partial: safe, but some scenario never struck it
 	for _, c := range cs {
 		if c.guard == "none" || !allSafe(c.plain) || !allSafe(c.faults) {
 			continue
 		}
 		fired := slices.ContainsFunc(c.faults, func(r Result) bool { return !r.NotFired })
-		if faulted && !fired {
+		switch {
+		case !faulted:
+		case !fired:
 			continue // no fault struck it: no evidence
+		case len(c.untested(cs)) > 0:
+			partial = append(partial, c)
+			continue
 		}
 		candidates = append(candidates, c)
 	}
@@ -200,6 +226,12 @@ func Pick(ran []Result) []string {
 	}
 	out = append(out, fmt.Sprintf("Pick: %s, the fastest configuration that stayed safe in every fault run of this report (%d %s: %s)%s.",
 		best.name, len(best.faults), plural(len(best.faults), "run", "runs"), strings.Join(scenarios, ", "), against(best)))
+	for _, c := range partial {
+		if c.rps() > best.rps() {
+			out = append(out, fmt.Sprintf("%s ran faster (%s requests/s) and stayed safe where it ran, but %s never struck it here: no evidence.",
+				c.name, num(c.rps()), strings.Join(c.untested(cs), ", ")))
+		}
+	}
 	for _, c := range cs {
 		if c.guard == "none" && len(c.faults) > 0 && allSafe(c.faults) && allSafe(c.plain) {
 			out = append(out, fmt.Sprintf("%s kept every invariant in its fault runs here, but guard none trusts the lock alone, and a fault that outlasts a lease breaks it: it is never the pick.", c.name))

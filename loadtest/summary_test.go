@@ -72,6 +72,21 @@ func TestPick(t *testing.T) {
 		want: "Pick: redis/fencing, the fastest configuration that stayed safe in every fault run of this report (2 runs: pause-holder, redis-failover) at 900 requests/s, 0.90× the lock-free reference none/atomic (1000 requests/s).",
 		not:  []string{"Pick: redis/none", "Pick: redis/version", "Pick: none/atomic", "fastest safe"},
 	}, {
+		name: "faults: a configuration a scenario of its lock never struck is not the pick",
+		results: []Result{
+			plain("redis", "version", 1500, true),
+			plain("redis", "fencing", 900, true),
+			plain("zookeeper", "fencing", 1200, true), // redis-failover does not apply to it
+			fault("redis", "version", "redis-failover", true),
+			fault("redis", "fencing", "redis-failover", true),
+			fault("redis", "fencing", "pause-holder", true),
+			fault("redis", "none", "kill-holder", false),
+			fault("zookeeper", "fencing", "pause-holder", true),
+		},
+		want: "Pick: zookeeper/fencing, the fastest configuration that stayed safe in every fault run of this report (1 run: pause-holder) at 1200 requests/s",
+		also: []string{"redis/version ran faster (1500 requests/s) and stayed safe where it ran, but pause-holder, kill-holder never struck it here"},
+		not:  []string{"Pick: redis/version"},
+	}, {
 		name: "faults: guard none that survived its faults is still not the pick",
 		results: []Result{
 			plain("redis", "none", 1500, true),
