@@ -6,8 +6,7 @@ import (
 )
 
 // TestSummary: the sentences name what broke and by how much, what held,
-// and the fastest safe run against the lock-free reference; a failed or
-// unsafe run is never called the fastest safe one.
+// and the pick (TestPick); a failed or unsafe run is never the pick.
 func TestSummary(t *testing.T) {
 	run := func(backend, guard string, rps float64, oversold int) Result {
 		return Result{Backend: backend, Guard: guard, ThroughputRPS: rps, Oversold: oversold, LostUpdates: oversold,

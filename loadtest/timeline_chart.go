@@ -122,7 +122,7 @@ func timelineChart(r Result) template.HTML {
 			stale := staleWrite(tl, wr)
 			tip := fmt.Sprintf("%s's write with token %d %s at %s (%d %s)", name, wr.Token, wr.Outcome, seconds(wr.AtMS), wr.Orders, plural(wr.Orders, "order", "orders"))
 			if stale {
-				tip += ": a newer token had been granted, the write is stale"
+				tip += ": another replica had been granted the lock since, the write is stale"
 			}
 			if wr.Outcome == "refused" {
 				fmt.Fprintf(&b, `<path data-write="refused" d="M%.1f %dl8 8m0 -8l-8 8" class="refused"><title>%s</title></path>`, cx-4, cy-4, esc(tip))
@@ -164,10 +164,22 @@ func timelineChart(r Result) template.HTML {
 	return template.HTML(b.String())
 }
 
-// staleWrite: a lease with a newer token than w's had been granted when w
-// was made, so w's holder no longer held the lock alone.
+// staleWrite: another replica was granted the lock after w's writer was
+// and before w, so w's writer no longer held it alone. By grant time, not
+// by token: a lock server restarted empty hands out small tokens again.
 func staleWrite(tl *Timeline, w TimedWrite) bool {
-	return slices.ContainsFunc(tl.Leases, func(l TimedLease) bool { return l.Token > w.Token && l.FromMS <= w.AtMS })
+	own, found := 0.0, false // when w's writer was granted the lease it wrote with
+	for _, l := range tl.Leases {
+		if l.Instance == w.Instance && l.Token == w.Token && l.FromMS <= w.AtMS && (!found || l.FromMS > own) {
+			own, found = l.FromMS, true
+		}
+	}
+	if !found {
+		return false // its lease began before the span drawn: nothing to compare
+	}
+	return slices.ContainsFunc(tl.Leases, func(l TimedLease) bool {
+		return l.Instance != w.Instance && l.FromMS > own && l.FromMS <= w.AtMS
+	})
 }
 
 // timelineStyle goes inside each timeline, so that the SVG file the lab

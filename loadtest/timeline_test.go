@@ -26,3 +26,28 @@ func TestTimelineDrawsOverlapOutsideWindow(t *testing.T) {
 		t.Errorf("overlap %v to %v ms outside the span drawn, %v to %v ms", o.FromMS, o.ToMS, tl.FromMS, tl.ToMS)
 	}
 }
+
+// TestStaleWrite: a write is stale when another replica was granted the
+// lock after its writer was, before the write; by grant time, so a lock
+// server restarted empty (tokens from 1 again) does not make the new
+// holder's write the stale one.
+func TestStaleWrite(t *testing.T) {
+	tl := &Timeline{Leases: []TimedLease{
+		{Instance: "r3", Token: 2, Interval: Interval{FromMS: 0, ToMS: 170}, Lost: true},
+		{Instance: "r1", Token: 1, Interval: Interval{FromMS: 130, ToMS: 175}}, // Redis restarted empty
+		{Instance: "r2", Token: 7, Interval: Interval{FromMS: 300, ToMS: 320}},
+	}}
+	for _, tc := range []struct {
+		w     TimedWrite
+		stale bool
+	}{
+		{TimedWrite{Instance: "r3", Token: 2, AtMS: 100}, false}, // alone
+		{TimedWrite{Instance: "r3", Token: 2, AtMS: 168}, true},  // r1 granted since
+		{TimedWrite{Instance: "r1", Token: 1, AtMS: 170}, false}, // the newer holder
+		{TimedWrite{Instance: "r2", Token: 7, AtMS: 310}, false},
+	} {
+		if got := staleWrite(tl, tc.w); got != tc.stale {
+			t.Errorf("%s's write with token %d at %v ms: stale %v, want %v", tc.w.Instance, tc.w.Token, tc.w.AtMS, got, tc.stale)
+		}
+	}
+}
