@@ -55,8 +55,6 @@ type bars struct {
 // each bar in its run's verdict colour (the series' shade), and a legend
 // naming both.
 func barChart(title, unit string, runs bars, ss []series) template.HTML {
-	const bar, gap = 14, 10
-	labels := runs.labels
 	// The legend: a swatch per series and verdict present.
 	var keys []series
 	for _, safe := range []bool{true, false} {
@@ -78,8 +76,27 @@ func barChart(title, unit string, runs bars, ss []series) template.HTML {
 			keys = append(keys, series{name: name, color: verdictColors[safe][min(j, 1)]})
 		}
 	}
-	top := 28 + 14*legendRows(keys, 4, barWidth)
+	// Two drawings, one shown at a time (report.html.tmpl): run names left
+	// of the bars on a screen, above them on a phone, where the chart is
+	// drawn at the phone's width and its text stays readable.
+	return template.HTML(`<div class="chart-wide">` + drawBars(title, unit, runs, ss, keys, barWidth, false) +
+		`</div><div class="chart-narrow">` + drawBars(title, unit, runs, ss, keys, narrowWidth, true) + `</div>`)
+}
+
+// narrowWidth is a phone's width for a bar chart.
+const narrowWidth = 360
+
+// drawBars draws a bar chart width px wide, each run's name left of its
+// bars, or above them when stacked.
+func drawBars(title, unit string, runs bars, ss []series, keys []series, width int, stacked bool) string {
+	const bar, gap = 14, 10
+	labels := runs.labels
+	titles := wrapText(title, 14, float64(width-8))
+	top := 12 + 17*len(titles) + 14*legendRows(keys, 4, width)
 	group := bar*len(ss) + gap
+	if stacked {
+		group += 15 // the run's name on a line of its own
+	}
 	height := top + 8 + group*len(labels) + 24
 	maxV := 0.0
 	for _, s := range ss {
@@ -88,23 +105,33 @@ func barChart(title, unit string, runs bars, ss []series) template.HTML {
 		}
 	}
 	// Run names left of the bars, as wide as the longest needs.
-	lw := 0.0
-	for _, l := range labels {
-		lw = math.Max(lw, textWidth(l, 12))
+	labelWidth := 4
+	if !stacked {
+		lw := 0.0
+		for _, l := range labels {
+			lw = math.Max(lw, textWidth(l, 12))
+		}
+		labelWidth = int(math.Ceil(lw)) + 14
 	}
-	labelWidth := int(math.Ceil(lw)) + 14
-	span := float64(barWidth - labelWidth - valueWidth)
+	span := float64(width - labelWidth - valueWidth)
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s" data-chart="%s">`,
-		barWidth, height, barWidth, height, esc(title), esc(runs.id))
-	fmt.Fprintf(&b, `<text x="4" y="16" class="title">%s</text>`, esc(fitText(title, 14, barWidth-8)))
-	legend(&b, keys, 4, 24, barWidth)
+		width, height, width, height, esc(title), esc(runs.id))
+	for i, t := range titles {
+		fmt.Fprintf(&b, `<text x="4" y="%d" class="title">%s</text>`, 16+17*i, esc(t))
+	}
+	legend(&b, keys, 4, top-14*legendRows(keys, 4, width)-4, width)
 	for i, label := range labels {
 		y := top + 8 + i*group
 		verdict := verdictWord(runs.safe[i])
 		fmt.Fprintf(&b, `<g data-run="%s" data-verdict="%s">`, esc(label), verdict)
-		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" class="label %s">%s</text>`,
-			labelWidth-8, y+bar*len(ss)/2+4, verdict, esc(label))
+		if stacked {
+			fmt.Fprintf(&b, `<text x="%d" y="%d" class="label %s">%s</text>`, labelWidth, y+11, verdict, esc(fitText(label, 12, float64(width-8))))
+			y += 15
+		} else {
+			fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" class="label %s">%s</text>`,
+				labelWidth-8, y+bar*len(ss)/2+4, verdict, esc(label))
+		}
 		for j, s := range ss {
 			v := s.values[i]
 			w := 0.0
@@ -118,10 +145,30 @@ func barChart(title, unit string, runs bars, ss []series) template.HTML {
 		}
 		b.WriteString(`</g>`)
 	}
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>`, labelWidth, top+4, labelWidth, height-20)
+	if !stacked { // stacked, the axis would run through the names
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>`, labelWidth, top+4, labelWidth, height-20)
+	}
 	fmt.Fprintf(&b, `<text x="%d" y="%d" class="unit">%s</text>`, labelWidth, height-6, esc(unit))
 	b.WriteString(`</svg>`)
-	return template.HTML(b.String())
+	return b.String()
+}
+
+// wrapText breaks s into lines of at most width px at size px, at spaces.
+func wrapText(s string, size, width float64) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = word
+		case textWidth(line+" "+word, size) <= width:
+			line += " " + word
+		default:
+			lines = append(lines, fitText(line, size, width))
+			line = word
+		}
+	}
+	return append(lines, fitText(line, size, width))
 }
 
 // line is one run's curve.

@@ -116,8 +116,10 @@ func TestWriteReport(t *testing.T) {
 	}
 
 	page := read(ReportHTML)
-	if n := strings.Count(page, "<svg"); n != 4 {
-		t.Errorf("report.html has %d charts, want 4", n)
+	// Three bar charts, each drawn for a screen and for a phone, and the
+	// latency over time.
+	if n := strings.Count(page, "<svg"); n != 7 {
+		t.Errorf("report.html has %d charts, want 7", n)
 	}
 	for _, bad := range []string{"http://cdn", "https://", "<script"} {
 		if strings.Contains(page, bad) {
