@@ -183,8 +183,29 @@ type line struct {
 // panel on the same axes, so runs compare by position instead of by colour
 // in one tangle.
 func smallMultiples(id, title, xUnit, yUnit string, ls []line) template.HTML {
-	const cols, gapX, gapY, top, panelH = 3, 18, 34, 34, 120
+	// Three panels a row on a screen, two at a phone's width (the media
+	// query of report.html.tmpl shows one of them).
+	return template.HTML(`<div class="chart-wide">` + drawPanels(id, title, xUnit, yUnit, ls, chartWidth, 3) +
+		`</div><div class="chart-narrow">` + drawPanels(id, title, xUnit, yUnit, ls, narrowWidth, 2) + `</div>`)
+}
+
+// drawPanels draws smallMultiples width px wide, cols panels a row.
+func drawPanels(id, title, xUnit, yUnit string, ls []line, width, cols int) string {
+	const gapX, gapY, panelH = 18, 34, 120
 	const left, bottom = 44, 22 // room for the shared axes' labels
+	titles := wrapText(title, 14, float64(width-8))
+	// The verdicts' colours, when the curves are runs.
+	var keys []series
+	for _, safe := range []bool{true, false} {
+		if slices.ContainsFunc(ls, func(l line) bool { return l.verdict == verdictWord(safe) }) {
+			keys = append(keys, series{name: map[bool]string{true: "kept every invariant", false: "broke an invariant"}[safe], color: verdictColors[safe][0]})
+		}
+	}
+	legendH := 0
+	if len(keys) > 0 {
+		legendH = 14 * legendRows(keys, 4, width)
+	}
+	top := 17*len(titles) + 17 + legendH
 	maxX, maxY := 0.0, 0.0
 	for _, l := range ls {
 		for i := range l.xs {
@@ -193,14 +214,19 @@ func smallMultiples(id, title, xUnit, yUnit string, ls []line) template.HTML {
 	}
 	xTicks, yTicks := ticks(maxX), ticks(maxY)
 	maxX, maxY = xTicks[len(xTicks)-1], yTicks[len(yTicks)-1]
-	panelW := float64(chartWidth-left-(cols-1)*gapX-8) / cols
+	panelW := float64(width-left-(cols-1)*gapX-8) / float64(cols)
 	rows := (len(ls) + cols - 1) / cols
 	height := top + rows*(panelH+gapY) + 8
 
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s" data-chart="%s">`,
-		chartWidth, height, chartWidth, height, esc(title), esc(id))
-	fmt.Fprintf(&b, `<text x="4" y="16" class="title">%s</text>`, esc(fitText(title, 14, chartWidth-8)))
+		width, height, width, height, esc(title), esc(id))
+	for i, t := range titles {
+		fmt.Fprintf(&b, `<text x="4" y="%d" class="title">%s</text>`, 16+17*i, esc(t))
+	}
+	if len(keys) > 0 {
+		legend(&b, keys, 4, 17*len(titles)+7, width)
+	}
 	for i, l := range ls {
 		ox := left + float64(i%cols)*(panelW+gapX)
 		oy := float64(top + (i/cols)*(panelH+gapY) + 16)
@@ -237,7 +263,7 @@ func smallMultiples(id, title, xUnit, yUnit string, ls []line) template.HTML {
 	}
 	fmt.Fprintf(&b, `<text x="4" y="%d" class="unit">%s, all panels on the same axes</text>`, top-4, esc(yUnit))
 	b.WriteString(`</svg>`)
-	return template.HTML(b.String())
+	return b.String()
 }
 
 // legendRows is how many rows legend draws for ss from x.

@@ -188,7 +188,7 @@ func checkReport(t *testing.T, page browserPage, width int, results []Result, no
 				t.Errorf("chart %s: an unsafe run is drawn in %s, as a safe one is", chart, c)
 			}
 		}
-		if !v.Legend && chart != "latency-over-time" {
+		if !v.Legend {
 			t.Errorf("chart %s: no legend names the verdicts' colours", chart)
 		}
 	}

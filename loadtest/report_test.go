@@ -116,10 +116,9 @@ func TestWriteReport(t *testing.T) {
 	}
 
 	page := read(ReportHTML)
-	// Three bar charts, each drawn for a screen and for a phone, and the
-	// latency over time.
-	if n := strings.Count(page, "<svg"); n != 7 {
-		t.Errorf("report.html has %d charts, want 7", n)
+	// Four charts, each drawn for a screen and for a phone.
+	if n := strings.Count(page, "<svg"); n != 8 {
+		t.Errorf("report.html has %d charts, want 8", n)
 	}
 	for _, bad := range []string{"http://cdn", "https://", "<script"} {
 		if strings.Contains(page, bad) {
