@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -20,6 +21,9 @@ type Expect struct {
 	SKUs         []string // the run's SKUs, nobody else's
 	InitialStock int      // per SKU, as reset before the load
 	Acked        []string // ids of the orders acknowledged with 201
+	// SoldOut are the SKUs on which some order was refused out_of_stock:
+	// the stock MySQL still holds on them is undersold.
+	SoldOut []string
 }
 
 // Invariants is what MySQL holds after a run, against docs/design.md's
@@ -34,6 +38,7 @@ type Invariants struct {
 	LostUpdates     int      // Σ |initial - final - ordered|
 	LostAcks        int      // 201s whose order MySQL does not hold
 	Duplicates      int      // Idempotency-Keys with more than one order
+	Undersold       int      // Σ final stock of the SKUs in Expect.SoldOut
 	MissingIDs      []string // the first few lost acks, for the report
 }
 
@@ -83,6 +88,9 @@ func Check(ctx context.Context, db *sql.DB, exp Expect) (Invariants, error) {
 		inv.OrderedQuantity += o
 		inv.Oversold += max(0, o-exp.InitialStock)
 		inv.LostUpdates += abs(exp.InitialStock - f - o)
+		if slices.Contains(exp.SoldOut, sku) {
+			inv.Undersold += max(0, f) // customers turned away while stock remained
+		}
 	}
 
 	// GROUP BY, not trust in the unique index: the check must see what the

@@ -127,6 +127,17 @@ func TestCheck(t *testing.T) {
 			orders: append(ordersOf("a", 3), ordersOf("other", 9)...)},
 		exp:  Expect{SKUs: []string{"a", "b"}, InitialStock: 2, Acked: ids(ordersOf("a", 3))},
 		want: Invariants{InitialStock: 4, FinalStock: 2, OrderedQuantity: 3, Oversold: 1, LostUpdates: 1},
+	}, {
+		name:  "clean run: undersold, stock left on a SKU that refused out_of_stock",
+		state: crafted{stock: map[string]int{"a": 2, "b": 1}, orders: append(ordersOf("a", 3), ordersOf("b", 4)...)},
+		exp: Expect{SKUs: []string{"a", "b"}, InitialStock: 5, Acked: append(ids(ordersOf("a", 3)), ids(ordersOf("b", 4))...),
+			SoldOut: []string{"a"}},
+		want: Invariants{InitialStock: 10, FinalStock: 3, OrderedQuantity: 7, Undersold: 2},
+	}, {
+		name:  "clean run: stock left but nothing refused is not undersold",
+		state: crafted{stock: map[string]int{"a": 2}, orders: ordersOf("a", 3)},
+		exp:   Expect{SKUs: []string{"a"}, InitialStock: 5, Acked: ids(ordersOf("a", 3)), SoldOut: []string{"elsewhere"}},
+		want:  Invariants{InitialStock: 5, FinalStock: 2, OrderedQuantity: 3},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -18,6 +18,7 @@ type FaultRow struct {
 	Fired                 int // runs whose fault did strike
 	NotApplicable         bool
 	Oversold, LostUpdates int
+	Undersold             int
 	LostAcks, Duplicates  int
 	Overlaps, Refused     int
 	Recovery              []time.Duration // each run's, where measured
@@ -26,7 +27,7 @@ type FaultRow struct {
 // Cells is the row as the tables print it.
 func (f FaultRow) Cells() []string {
 	if f.NotApplicable {
-		return []string{f.Fault, f.Backend, f.Guard, "n/a", "-", "-", "-", "-", "-", "-", "-"}
+		return []string{f.Fault, f.Backend, f.Guard, "n/a", "-", "-", "-", "-", "-", "-", "-", "-"}
 	}
 	safe := "yes"
 	switch {
@@ -47,12 +48,12 @@ func (f FaultRow) Cells() []string {
 		rec = fmt.Sprintf("%s (max %s)", num(ms(percentile(rs, 0.5))), num(ms(slices.Max(rs))))
 	}
 	fired := fmt.Sprintf("%d/%d", f.Fired, f.Runs)
-	return []string{f.Fault, f.Backend, f.Guard, safe, fired, strconv.Itoa(f.Oversold), strconv.Itoa(f.LostUpdates),
+	return []string{f.Fault, f.Backend, f.Guard, safe, fired, strconv.Itoa(f.Oversold), strconv.Itoa(f.Undersold), strconv.Itoa(f.LostUpdates),
 		strconv.Itoa(f.LostAcks + f.Duplicates), strconv.Itoa(f.Overlaps), strconv.Itoa(f.Refused), rec}
 }
 
 // FaultHeads names FaultRow.Cells.
-var FaultHeads = []string{"scenario", "backend", "guard", "safe?", "fired", "oversold", "lost upd", "lost acks+dup", "overlaps", "refused", "recovery ms"}
+var FaultHeads = []string{"scenario", "backend", "guard", "safe?", "fired", "oversold", "undersold", "lost upd", "lost acks+dup", "overlaps", "refused", "recovery ms"}
 
 // FaultRows groups the fault runs of results by scenario, backend and guard,
 // in the order they first ran. Runs without a fault are left out.
@@ -87,6 +88,7 @@ func FaultRows(results []Result) []FaultRow {
 			row.Fired++
 		}
 		row.Oversold += r.Oversold
+		row.Undersold += r.Undersold
 		row.LostUpdates += r.LostUpdates
 		row.LostAcks += r.LostAcks
 		row.Duplicates += r.Duplicates
@@ -150,7 +152,7 @@ func plural(n int, one, many string) string {
 }
 
 // faultDefinitions says what the faults table's columns mean.
-const faultDefinitions = `*safe?* = every invariant held in every run of the cell (n/a: the scenario, or guard fencing on a backend without a token, does not apply). *fired* = runs in which the fault did strike, of the cell's runs. *overlaps* = pairs of leases on one key that two replicas held at once, from the replicas' own lease records (acquired, released or lost), one clock. *refused* = stale writes the MySQL guard refused (version conflicts and stale fences). *recovery* = the time from the fault to the next order decided on the disrupted SKU: the median over the cell's runs, and the longest.`
+const faultDefinitions = `*safe?* = every invariant held in every run of the cell (n/a: the scenario, or guard fencing on a backend without a token, does not apply). *fired* = runs in which the fault did strike, of the cell's runs. *undersold* = stock left at the end on SKUs that refused an order out_of_stock, summed over the cell's runs. *overlaps* = pairs of leases on one key that two replicas held at once, from the replicas' own lease records (acquired, released or lost), one clock. *refused* = stale writes the MySQL guard refused (version conflicts and stale fences). *recovery* = the time from the fault to the next order decided on the disrupted SKU: the median over the cell's runs, and the longest.`
 
 // writeFaultsMarkdown writes the faults table and one line per fault run.
 func writeFaultsMarkdown(w io.Writer, results []Result) {

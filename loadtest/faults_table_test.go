@@ -23,10 +23,10 @@ func TestFaultRows(t *testing.T) {
 	if len(rows) != 5 {
 		t.Fatalf("%d rows, want 5: %+v", len(rows), rows)
 	}
-	if got := strings.Join(rows[0].Cells(), " "); got != "pause-holder redis none NO (1/2) 2/2 0 1 0 3 0 -" {
+	if got := strings.Join(rows[0].Cells(), " "); got != "pause-holder redis none NO (1/2) 2/2 0 0 1 0 3 0 -" {
 		t.Errorf("row 0: %q", got)
 	}
-	if got := strings.Join(rows[1].Cells(), " "); got != "kill-holder redis version yes 1/1 0 0 0 0 3 1500" {
+	if got := strings.Join(rows[1].Cells(), " "); got != "kill-holder redis version yes 1/1 0 0 0 0 0 3 1500" {
 		t.Errorf("row 1: %q", got)
 	}
 	if !rows[2].NotApplicable || rows[2].Cells()[3] != "n/a" {
@@ -38,7 +38,7 @@ func TestFaultRows(t *testing.T) {
 	if got := rows[3].Cells()[4]; got != "0/1" {
 		t.Errorf("row 3 fired %q, want 0/1", got)
 	}
-	if got := rows[4].Cells()[10]; got != "1500 (max 4000)" {
+	if got := rows[4].Cells()[11]; got != "1500 (max 4000)" {
 		t.Errorf("recovery over three runs %q, want the median and the longest", got)
 	}
 	if s := results[5].Story(); !strings.HasPrefix(s, "FAULT DID NOT FIRE") {

@@ -130,30 +130,30 @@ func writeMarkdown(w io.Writer, rep Report) {
 // carry it.
 const definitions = `How to read it: each run is fresh orderd replicas behind a round-robin balancer, with its own SKU(s) reset through the admin API, then a fixed number of orders of quantity 1 at a fixed rate, more than the stock.
 *answers* counts HTTP statuses (none = no answer). *sold* is the ordered quantity MySQL holds; *final* the stock it holds.
-*oversold* = max(0, sold - stock); *lost upd* = |stock - final - sold|, a decrement lost to a concurrent write; *lost acks* = orders answered 201 that MySQL does not hold; *dup* = Idempotency-Keys with more than one order.
+*verdict*: safe when every invariant held in the run (for guard none, that says the lock held this time, not that it always will). *oversold* = max(0, sold - stock); *undersold* = stock left on a SKU that refused an order out_of_stock: customers turned away while there was stock to sell; *lost upd* = |stock - final - sold|, a decrement lost to a concurrent write; *lost acks* = orders answered 201 that MySQL does not hold; *dup* = Idempotency-Keys with more than one order.
 *req/s* = requests answered (any status) per second, from the first request sent to the last answer: it cannot exceed the offered rate, and is below it when the service fell behind. Latencies are client-side over every answered request (nearest rank). *lock wait* comes from the replicas' own histograms, merged: the mean is exact, the p99 interpolated within buckets that grow about 2x each. *conflicts* are writes the guard refused. *linearizable* is Porcupine's check of the load's history (every order's send and answer times and result, and the final stock, per SKU against a stock counter): yes, no, or unknown when the check ran out of its time (loadtest.HistoryTimeout).`
 
 //go:embed report.html.tmpl
 var reportTemplate string
 
-var reportPage = template.Must(template.New("report").Parse(reportTemplate))
+var reportPage = template.Must(template.New("report").Funcs(template.FuncMap{"hasPrefix": strings.HasPrefix}).Parse(reportTemplate))
 
 func writeHTML(w io.Writer, rep Report) error {
-	labels := make([]string, len(rep.Results))
-	oversold := series{name: "oversold", color: "#dc2626"}
-	lost := series{name: "lost updates", color: "#d97706"}
-	rps := series{name: "requests answered/s", color: "#2563eb"}
-	p50 := series{name: "p50", color: "#2563eb"}
-	p99 := series{name: "p99", color: "#7c3aed"}
+	runs := bars{labels: make([]string, len(rep.Results)), safe: make([]bool, len(rep.Results))}
+	oversold := series{name: "oversold"}
+	lost := series{name: "lost updates"}
+	rps := series{name: "requests answered/s"}
+	p50 := series{name: "p50"}
+	p99 := series{name: "p99"}
 	var lines []line
 	for i, r := range rep.Results {
-		labels[i] = r.Name()
+		runs.labels[i], runs.safe[i] = r.Name(), r.Safe
 		oversold.values = append(oversold.values, float64(r.Oversold))
 		lost.values = append(lost.values, float64(r.LostUpdates))
 		rps.values = append(rps.values, r.ThroughputRPS)
 		p50.values = append(p50.values, r.LatencyMS.P50)
 		p99.values = append(p99.values, r.LatencyMS.P99)
-		l := line{name: r.Name(), color: palette[i%len(palette)]}
+		l := line{name: r.Name(), color: verdictColors[r.Safe][0], verdict: verdictWord(r.Safe)}
 		for _, s := range r.OverTime {
 			l.xs, l.ys = append(l.xs, s.At), append(l.ys, s.P99)
 		}
@@ -161,23 +161,45 @@ func writeHTML(w io.Writer, rep Report) error {
 			lines = append(lines, l)
 		}
 	}
+	lesson := runs
+	lesson.id, lesson.safeKey = "invariants", "kept every invariant (0)"
+	speed, latency := runs, runs
+	speed.id, latency.id = "throughput", "latency"
 	heads := make([]string, len(columns))
 	for i, c := range columns {
 		heads[i] = c.head
 	}
-	rows := make([][]string, len(rep.Results))
+	rows := make([][]template.HTML, len(rep.Results))
 	for i, r := range rep.Results {
-		rows[i] = cells(r)
+		for j, c := range cells(r) {
+			if j == 0 {
+				rows[i] = append(rows[i], runName(c))
+			} else {
+				rows[i] = append(rows[i], template.HTML(esc(c)))
+			}
+		}
+	}
+	var charts []template.HTML
+	if len(rep.Results) > 0 {
+		charts = []template.HTML{
+			barChart("Requests answered per second (at most the offered rate)", "per second", speed, []series{rps}),
+			barChart("Client latency per run, p50 and p99", "ms", latency, []series{p50, p99}),
+		}
+	}
+	if len(lines) > 0 {
+		charts = append(charts, smallMultiples("latency-over-time", "p99 latency over time, by when requests were sent, one panel per run", "s", "p99 ms", lines))
+	}
+	var lessonChart template.HTML
+	if len(rep.Results) > 0 {
+		lessonChart = barChart("Oversold and lost updates per run (should be 0)", "units", lesson, []series{oversold, lost})
 	}
 	return reportPage.Execute(w, map[string]any{
-		"Report":      rep,
-		"Definitions": strings.ReplaceAll(definitions, "*", ""),
-		"Charts": []template.HTML{
-			barChart("Oversold and lost updates per run (should be 0)", "units", labels, []series{oversold, lost}),
-			barChart("Throughput per run: requests answered per second (at most the offered rate)", "per second", labels, []series{rps}),
-			barChart("Client latency per run", "ms", labels, []series{p50, p99}),
-			smallMultiples("p99 latency over time, by when requests were sent, one panel per run", "s", "p99 ms", lines),
-		},
+		"Report":        rep,
+		"RunNames":      runNames,
+		"Lesson":        lessonChart,
+		"Definitions":   strings.ReplaceAll(definitions, "*", ""),
+		"RunNotes":      RunNotes(rep.Results),
+		"Charts":        charts,
 		"Heads":         heads,
 		"Rows":          rows,
 		"FaultHeads":    FaultHeads,
@@ -191,6 +213,12 @@ func writeHTML(w io.Writer, rep Report) error {
 		"Claims":        ClaimRows(rep.Results),
 		"ClaimsSource":  claimsSource,
 	})
+}
+
+// runName lets a long run name break after its lock, before its fault and
+// at its hyphens, nowhere else.
+func runName(name string) template.HTML {
+	return template.HTML(strings.NewReplacer("/", "/<wbr>", "+", "<wbr>+").Replace(esc(name)))
 }
 
 // faultView is one fault run's section: its timeline and its story.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,8 +116,9 @@ func fixtureReport() Report {
 }
 
 // TestReportInBrowser renders the fixture's report and opens it in a real
-// Chromium at 1280 px. OVERSOLD_CHECK_REPORT=DIR checks a report folder
-// written by a lab instead (its results.json says what to expect).
+// Chromium, on a 1280 px screen and a 390 px phone. OVERSOLD_CHECK_REPORT=DIR
+// checks a report folder written by a lab instead (its results.json says
+// what to expect).
 func TestReportInBrowser(t *testing.T) {
 	dir := os.Getenv("OVERSOLD_CHECK_REPORT")
 	var results []Result
@@ -149,10 +151,59 @@ func TestReportInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	page := checkInBrowser(t, filepath.Join(dir, ReportHTML))
+	for _, width := range []int{1280, 390} {
+		t.Run(fmt.Sprintf("%dpx", width), func(t *testing.T) {
+			checkReport(t, checkInBrowser(t, filepath.Join(dir, ReportHTML), width), width, results, notApplicable)
+		})
+	}
+}
 
+// checkReport checks what the browser found on a report of results.
+func checkReport(t *testing.T, page browserPage, width int, results []Result, notApplicable int) {
 	for _, p := range page.Problems {
 		t.Error(p)
+	}
+	// The lesson first: the oversold chart before any other.
+	if len(page.Charts) == 0 || page.Charts[0] != "invariants" {
+		t.Errorf("the charts, in order: %q; want the oversold and lost updates chart (data-chart=invariants) first", page.Charts)
+	}
+	// Runs coloured by verdict, with a legend naming the colours.
+	safe, unsafe := 0, 0
+	for _, r := range results {
+		if r.Safe {
+			safe++
+		} else {
+			unsafe++
+		}
+	}
+	if len(results) > 0 && len(page.Verdicts) == 0 {
+		t.Errorf("no chart colours its runs by verdict (data-verdict)")
+	}
+	for chart, v := range page.Verdicts {
+		if safe > 0 && unsafe > 0 && (len(v.Safe) == 0 || len(v.Unsafe) == 0) {
+			t.Errorf("chart %s: runs marked safe %d, unsafe %d; the report has both", chart, len(v.Safe), len(v.Unsafe))
+		}
+		for _, c := range v.Unsafe {
+			if slices.Contains(v.Safe, c) {
+				t.Errorf("chart %s: an unsafe run is drawn in %s, as a safe one is", chart, c)
+			}
+		}
+		if !v.Legend {
+			t.Errorf("chart %s: no legend names the verdicts' colours", chart)
+		}
+	}
+	// Every results table: the verdict beside the run name, and at
+	// 1280 px every column in view without scrolling.
+	for _, tb := range page.Tables {
+		if tb.Verdict != 1 && tb.Name != "faults" {
+			t.Errorf("table %s: the verdict is column %d, want 2, beside the run name (%q)", tb.Name, tb.Verdict+1, tb.Heads)
+		}
+		if width >= 1280 && tb.Hidden != "" {
+			t.Errorf("table %s at %d px: %s", tb.Name, width, tb.Hidden)
+		}
+	}
+	if len(results) > 0 && !slices.ContainsFunc(page.Tables, func(tb browserTable) bool { return tb.Name == "results" }) {
+		t.Errorf("no results table")
 	}
 	// Go's zero values and format errors, anywhere, tooltips included.
 	for _, bad := range []string{"<nil>", "%!", "0001-01-01", "NaN", "+Inf"} {
@@ -196,6 +247,19 @@ func TestReportInBrowser(t *testing.T) {
 			if tl.Refused != refused || tl.Writes != len(r.Timeline.Writes) {
 				t.Errorf("%s: the timeline marks %d writes, %d refused; the run had %d, %d refused", r.Name(), tl.Writes, tl.Refused, len(r.Timeline.Writes), refused)
 			}
+			// A stale write's outcome in words: committed or refused.
+			stale := 0
+			for _, w := range r.Timeline.Writes {
+				if staleWrite(r.Timeline, w) && w.Outcome == "committed" {
+					stale++
+				}
+			}
+			if refused > 0 && !slices.ContainsFunc(tl.Words, func(w string) bool { return strings.HasSuffix(w, "refused") }) {
+				t.Errorf("%s: %d writes refused, and the timeline says none in words (%q)", r.Name(), refused, tl.Words)
+			}
+			if stale > 0 && !slices.Contains(tl.Words, "stale write committed") {
+				t.Errorf("%s: %d stale writes committed, and the timeline does not say so in words (%q)", r.Name(), stale, tl.Words)
+			}
 		}
 	}
 	// The claims table: a row per backend that ran on a cluster, as
@@ -226,8 +290,25 @@ type browserPage struct {
 	Problems  []string
 	Text      string // what a reader sees
 	AllText   string // with the charts' text and tooltips
-	Timelines map[string]struct{ Lanes, Leases, Overlaps, Writes, Refused int }
-	Claims    map[string][]string // the claims table's cells, by backend
+	Timelines map[string]struct {
+		Lanes, Leases, Overlaps, Writes, Refused int
+		Words                                    []string // outcomes written out
+	}
+	Claims   map[string][]string // the claims table's cells, by backend
+	Charts   []string            // data-chart of every chart, in page order
+	Verdicts map[string]struct { // per chart, the fills of its safe and unsafe runs
+		Safe, Unsafe []string
+		Legend       bool
+	}
+	Tables []browserTable
+}
+
+// browserTable is a results table as the page shows it.
+type browserTable struct {
+	Name    string
+	Heads   []string
+	Verdict int    // the verdict's column, from 0
+	Hidden  string // what of it is out of view without scrolling its box
 }
 
 // pageCheck runs in the page: what is cut off or drawn outside its chart,
@@ -269,18 +350,49 @@ const pageCheck = `(() => {
       Overlaps: svg.querySelectorAll("[data-overlap]").length,
       Writes: svg.querySelectorAll("[data-write]").length,
       Refused: svg.querySelectorAll('[data-write="refused"]').length,
+      Words: Array.from(svg.querySelectorAll("[data-write-words]"), t => t.textContent),
     };
+  }
+  const charts = Array.from(document.querySelectorAll("svg"), svg => svg.getAttribute("data-chart") || "");
+  const verdicts = {};
+  for (const svg of document.querySelectorAll("svg[data-chart]")) {
+    const groups = svg.querySelectorAll("[data-verdict]");
+    if (!groups.length) continue;
+    const v = {Safe: [], Unsafe: [], Legend: /broke an invariant|kept every invariant/.test(svg.textContent)};
+    for (const g of groups) {
+      const list = g.getAttribute("data-verdict") === "safe" ? v.Safe : v.Unsafe;
+      for (const mark of g.querySelectorAll("rect, polyline")) {
+        const c = getComputedStyle(mark);
+        const color = mark.tagName === "polyline" ? c.stroke : c.fill;
+        if (!list.includes(color)) list.push(color);
+      }
+    }
+    verdicts[svg.getAttribute("data-chart") + (svg.getAttribute("data-chart") in verdicts ? " (again)" : "")] = v;
+  }
+  const tables = [];
+  for (const table of document.querySelectorAll("table")) {
+    const heads = Array.from(table.querySelectorAll("thead th"), th => th.textContent.trim());
+    if (heads[0] !== "run" && heads[0] !== "scenario") continue; // the claims table is no table of runs
+    const box = table.parentElement.getBoundingClientRect();
+    let hidden = "";
+    if (table.scrollWidth > table.parentElement.clientWidth + 0.5) hidden = "the table is " + table.scrollWidth + " px wide in a " + table.parentElement.clientWidth + " px box: it scrolls";
+    const vi = heads.findIndex(h => /^(verdict|safe\?)$/.test(h));
+    for (const td of table.querySelectorAll("tbody tr td:nth-child(" + (vi + 1) + ")")) {
+      const b = td.getBoundingClientRect();
+      if (!hidden && (b.right > box.right + 0.5 || b.right > window.innerWidth + 0.5)) hidden = "the verdict " + JSON.stringify(td.textContent) + " ends at " + Math.round(b.right) + " px, out of view";
+    }
+    tables.push({Name: table.getAttribute("data-table") || (heads[0] === "scenario" ? "faults" : "results"), Heads: heads, Verdict: vi, Hidden: hidden});
   }
   const claims = {};
   for (const tr of document.querySelectorAll('table[data-table="claims"] tbody tr')) {
     claims[tr.getAttribute("data-backend")] = Array.from(tr.querySelectorAll("td"), td => td.textContent);
   }
-  return JSON.stringify({Problems: problems, Text: document.body.innerText, AllText: document.documentElement.textContent, Timelines: timelines, Claims: claims});
+  return JSON.stringify({Problems: problems, Text: document.body.innerText, AllText: document.documentElement.textContent, Timelines: timelines, Claims: claims, Charts: charts, Verdicts: verdicts, Tables: tables});
 })()`
 
-// checkInBrowser opens file in headless Chromium, 1280 px wide, and runs
+// checkInBrowser opens file in headless Chromium, width px wide, and runs
 // pageCheck on it.
-func checkInBrowser(t *testing.T, file string) browserPage {
+func checkInBrowser(t *testing.T, file string, width int) browserPage {
 	t.Helper()
 	chromium := ""
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
@@ -299,7 +411,7 @@ func checkInBrowser(t *testing.T, file string) browserPage {
 		chromedp.ExecPath(chromium),
 		chromedp.NoSandbox,
 		chromedp.DisableGPU,
-		chromedp.WindowSize(1280, 900),
+		chromedp.WindowSize(width, 900),
 		chromedp.UserDataDir(t.TempDir()),
 	)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
@@ -313,7 +425,7 @@ func checkInBrowser(t *testing.T, file string) browserPage {
 		t.Fatal(err)
 	}
 	for _, step := range []chromedp.Action[chromedp.Void]{
-		chromedp.EmulateViewport(1280, 900),
+		chromedp.EmulateViewport(int64(width), 900),
 		chromedp.Navigate("file://" + abs),
 		chromedp.WaitReady("body"),
 	} {

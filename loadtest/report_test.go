@@ -109,15 +109,16 @@ func TestWriteReport(t *testing.T) {
 
 	md := read(ResultsMD)
 	for _, want := range []string{"| local/none |", "OVERSOLD 31", "| redis/none |", "safe", "FAILED", rep.Machine.CPU, "lab --backends",
-		"| linearizable | verdict |", "| no | OVERSOLD 31", "| yes | safe"} {
+		"| run | verdict | answers |", "| local/none | OVERSOLD 31, 31 LOST UPDATES |", "| redis/none | safe |", "| oversold | undersold |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("results.md lacks %q", want)
 		}
 	}
 
 	page := read(ReportHTML)
-	if n := strings.Count(page, "<svg"); n != 4 {
-		t.Errorf("report.html has %d charts, want 4", n)
+	// Four charts, each drawn for a screen and for a phone.
+	if n := strings.Count(page, "<svg"); n != 8 {
+		t.Errorf("report.html has %d charts, want 8", n)
 	}
 	for _, bad := range []string{"http://cdn", "https://", "<script"} {
 		if strings.Contains(page, bad) {

@@ -548,6 +548,11 @@ func (rn *Runner) checkCheckouts(ctx context.Context, run *Run, res *Result) err
 	res.InitialStock, res.FinalStock, res.OrderedQuantity = inv.InitialStock, inv.FinalStock, inv.OrderedQuantity
 	res.Oversold, res.LostUpdates, res.LostAcks, res.Duplicates = inv.Oversold, inv.LostUpdates, inv.LostAcks, inv.Duplicates
 	res.ReservationTimeline = inv.Timeline
+	if co.Outcomes["hold 409 out_of_stock"] > 0 {
+		// A hold refused out_of_stock while stock remained available: the
+		// run-wide figure, as a hold spans several SKUs.
+		res.Undersold = max(0, inv.FinalStock)
+	}
 	if len(inv.MissingIDs) > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("acknowledged but not in MySQL: %q", inv.MissingIDs))
 	}

@@ -13,8 +13,8 @@ import (
 // results.md and report.html.
 
 // ReservationHeads are the columns of the reservations table.
-var ReservationHeads = []string{"run", "workload", "holds 201", "confirmed", "cancelled", "abandoned", "out of stock",
-	"oversold", "lost upd", "reserved left", "double settled", "ledger mismatch", "stuck holds", "lost acks", "verdict"}
+var ReservationHeads = []string{"run", "verdict", "holds 201", "confirmed", "cancelled", "abandoned", "out of stock",
+	"oversold", "undersold", "lost upd", "reserved left", "double settled", "ledger mismatch", "stuck holds", "lost acks"}
 
 // ReservationRows are the reservations runs' rows.
 func ReservationRows(results []Result) [][]string {
@@ -37,10 +37,10 @@ func ReservationRows(results []Result) [][]string {
 				verdict = "could not run"
 			}
 		}
-		rows = append(rows, []string{r.Name(), r.Workload, strconv.Itoa(c["hold 201"]), strconv.Itoa(c["confirm 200"]),
+		rows = append(rows, []string{r.Name(), verdict, strconv.Itoa(c["hold 201"]), strconv.Itoa(c["confirm 200"]),
 			strconv.Itoa(c["cancel 200"]), strconv.Itoa(c["abandoned"]), strconv.Itoa(c["hold 409 out_of_stock"]),
-			strconv.Itoa(r.Oversold), strconv.Itoa(r.LostUpdates), count(r.ReservedLeft), count(r.DoubleSettled),
-			count(r.LedgerMismatch), count(r.StuckHolds), strconv.Itoa(r.LostAcks), verdict})
+			strconv.Itoa(r.Oversold), strconv.Itoa(r.Undersold), strconv.Itoa(r.LostUpdates), count(r.ReservedLeft), count(r.DoubleSettled),
+			count(r.LedgerMismatch), count(r.StuckHolds), strconv.Itoa(r.LostAcks)})
 	}
 	return rows
 }
@@ -62,7 +62,7 @@ func WriteReservationTable(w io.Writer, results []Result) {
 
 // reservationDefinitions says what the reservations columns mean.
 const reservationDefinitions = `Reservations runs: each checkout holds 1 to 3 SKUs of the hot set (lines in random order, 1 or 2 of each, TTL 2 s), then confirms (40%), cancels (30%) or abandons the hold (30%), which the sweepers expire. The invariants are read from MySQL once the last hold has ended (its TTL, a sweep interval and a 7 s grace after it); a fault's own reservations, on a SKU of its own, are checked the same way.
-*oversold* = Σ max(0, sold + reserved - stock set); *lost upd* = Σ |stock set - stock - reserved - sold|; *reserved left* = stock still reserved at the end; *double settled* = reservations with orders that are not confirmed, or more orders than lines, or that the stock ledger (reservation_moves) shows given back twice, or confirmed and given back; *ledger mismatch* = stock, reserved and sold that no transition of the ledger explains (a write from a stale read); *stuck holds* = holds still held, or expired later than expiry + sweep interval + grace; *lost acks* = holds answered 201, or confirms answered 200, that MySQL does not hold.`
+*oversold* = Σ max(0, sold + reserved - stock set); *undersold* = stock left at the end of a run in which some hold was refused out_of_stock; *lost upd* = Σ |stock set - stock - reserved - sold|; *reserved left* = stock still reserved at the end; *double settled* = reservations with orders that are not confirmed, or more orders than lines, or that the stock ledger (reservation_moves) shows given back twice, or confirmed and given back; *ledger mismatch* = stock, reserved and sold that no transition of the ledger explains (a write from a stale read); *stuck holds* = holds still held, or expired later than expiry + sweep interval + grace; *lost acks* = holds answered 201, or confirms answered 200, that MySQL does not hold.`
 
 func writeReservationsMarkdown(w io.Writer, results []Result) {
 	rows := ReservationRows(results)
@@ -84,14 +84,14 @@ func reservationsHTML(results []Result) template.HTML {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString(`<h2>Reservations</h2><div class="wide"><table><thead><tr>`)
+	b.WriteString(`<h2>Reservations</h2><div class="wide"><table class="results" data-table="reservations"><thead><tr>`)
 	for _, h := range ReservationHeads {
 		fmt.Fprintf(&b, "<th>%s</th>", esc(h))
 	}
 	b.WriteString("</tr></thead><tbody>\n")
 	for _, row := range rows {
 		class := "safe"
-		if row[len(row)-1] != "safe" {
+		if row[1] != "safe" {
 			class = "unsafe"
 		}
 		fmt.Fprintf(&b, `<tr class="%s">`, class)
@@ -113,7 +113,7 @@ func reservationsHTML(results []Result) template.HTML {
 				ls[i].xs, ls[i].ys = append(ls[i].xs, s.AtS), append(ls[i].ys, float64(v))
 			}
 		}
-		b.WriteString(string(smallMultiples(r.Name()+": reservations held, confirmed, cancelled and expired over time (MySQL's clock), one panel each", "s", "per slice", ls)))
+		b.WriteString(string(smallMultiples("reservations", r.Name()+": reservations held, confirmed, cancelled and expired over time (MySQL's clock), one panel each", "s", "per slice", ls)))
 	}
 	return template.HTML(b.String())
 }

@@ -27,6 +27,14 @@ type Result struct {
 
 	// Additions.
 
+	// Undersold is the stock MySQL still holds at the end on the SKUs where
+	// some order was refused out_of_stock: customers turned away while
+	// there was stock to sell (0 when nothing was refused).
+	Undersold int `json:"undersold"`
+	// ErrorCodes counts the refused answers by status and API error code,
+	// "409 out_of_stock", "503 unavailable": what the report explains.
+	ErrorCodes map[string]int `json:"error_codes,omitempty"`
+
 	SKUs      int    `json:"skus"`
 	Rate      int    `json:"rate"`    // requests per second offered
 	Workers   int    `json:"workers"` // concurrent client connections at most
@@ -167,6 +175,12 @@ func (r Result) Name() string {
 		name += "+" + r.Workload
 	}
 	return name
+}
+
+// Config is the run's configuration, what a team would choose:
+// "redis/fencing", without the fault or the workload.
+func (r Result) Config() string {
+	return r.Backend + "/" + r.Guard
 }
 
 // Verdict says in words what the invariants found.

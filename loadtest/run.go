@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -462,13 +464,14 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		res.Phases.Check = since(t0)
 		return err
 	}
-	inv, err := Check(ctx, rn.DB, Expect{SKUs: skus, InitialStock: spec.Stock, Acked: atk.OrderIDs})
+	inv, err := Check(ctx, rn.DB, Expect{SKUs: skus, InitialStock: spec.Stock, Acked: atk.OrderIDs, SoldOut: soldOut(atk.Answers)})
 	if err != nil {
 		return err
 	}
 	res.InitialStock, res.FinalStock, res.OrderedQuantity = inv.InitialStock, inv.FinalStock, inv.OrderedQuantity
 	checkHistory(ctx, rn.DB, spec, skus, atk.Answers, res)
 	res.Oversold, res.LostUpdates, res.LostAcks, res.Duplicates = inv.Oversold, inv.LostUpdates, inv.LostAcks, inv.Duplicates
+	res.Undersold = inv.Undersold
 	if len(inv.MissingIDs) > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("acknowledged but not in MySQL: %q", inv.MissingIDs))
 	}
@@ -481,6 +484,33 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	}
 	res.Phases.Check = since(t0)
 	return nil
+}
+
+// errorCodes counts the 4xx and 5xx answers by status and API error code:
+// "503 unavailable", "409 conflict".
+func errorCodes(answers []Answer) map[string]int {
+	out := map[string]int{}
+	for _, a := range answers {
+		if a.Code >= 400 {
+			out[strconv.Itoa(a.Code)+" "+cmp.Or(a.Error, "(no code)")]++
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// soldOut returns the SKUs on which some order was answered 409
+// out_of_stock, in the order first seen.
+func soldOut(answers []Answer) []string {
+	var out []string
+	for _, a := range answers {
+		if a.Code == http.StatusConflict && a.Error == "out_of_stock" && !slices.Contains(out, a.SKU) {
+			out = append(out, a.SKU)
+		}
+	}
+	return out
 }
 
 // addFaultSKU adds the violations found on the fault's own SKU to the
@@ -564,6 +594,7 @@ func (rn *Runner) load(ctx context.Context, run *Run, fault Fault, spec AttackSp
 		return nil, err
 	}
 	res.Status, res.NoResponse = atk.Status, atk.NoResponse
+	res.ErrorCodes = errorCodes(atk.Answers)
 	res.DurationS = round(atk.Duration.Seconds())
 	res.ThroughputRPS = round(atk.Throughput)
 	if atk.Duration > 0 {

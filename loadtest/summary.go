@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,8 +12,7 @@ import (
 const LockFree = "none/atomic"
 
 // Summary says in sentences what the results show: what oversold and by
-// how much, what held, and the fastest safe configuration against the
-// lock-free reference of the same report.
+// how much, what held, and the configuration the evidence picks (Pick).
 func Summary(results []Result) []string {
 	var out []string
 	var broken, safe, ran []Result
@@ -74,34 +74,168 @@ func Summary(results []Result) []string {
 
 	out = append(out, historySummary(ran)...)
 
-	// Speed: runs without a fault, where throughput measures the lock.
-	var plain []Result
-	for _, r := range safe {
+	return append(out, Pick(ran)...)
+}
+
+// config is one configuration's runs of direct orders in a report.
+type config struct {
+	name          string
+	backend       string
+	guard         string
+	plain, faults []Result // without and with a fault
+}
+
+// configs groups the direct-order runs by configuration (lock/guard), in
+// the order they first ran.
+func configs(ran []Result) []*config {
+	var out []*config
+	for _, r := range ran {
+		if r.Workload != "" {
+			continue // checkouts and the ceiling measure something else
+		}
+		name := r.Config()
+		i := slices.IndexFunc(out, func(c *config) bool { return c.name == name })
+		if i < 0 {
+			out = append(out, &config{name: name, backend: r.Backend, guard: r.Guard})
+			i = len(out) - 1
+		}
 		if r.Fault == "" {
-			plain = append(plain, r)
+			out[i].plain = append(out[i].plain, r)
+		} else {
+			out[i].faults = append(out[i].faults, r)
 		}
 	}
-	var fastest *Result
-	var reference *Result
-	for i, r := range plain {
-		if r.Name() == LockFree {
-			reference = &plain[i]
+	return out
+}
+
+// safe: every run of runs kept every invariant.
+func allSafe(runs []Result) bool {
+	return !slices.ContainsFunc(runs, func(r Result) bool { return !r.Safe })
+}
+
+// rps is the mean throughput of c's runs without a fault (0: none).
+func (c *config) rps() float64 {
+	sum := 0.0
+	for _, r := range c.plain {
+		sum += r.ThroughputRPS
+	}
+	if len(c.plain) == 0 {
+		return 0
+	}
+	return sum / float64(len(c.plain))
+}
+
+// untested returns the fault scenarios of the report that ran on c's
+// lock with some guard and never struck c itself.
+func (c *config) untested(cs []*config) []string {
+	var out []string
+	for _, o := range cs {
+		if o.backend != c.backend {
 			continue
 		}
-		if fastest == nil || r.ThroughputRPS > fastest.ThroughputRPS {
-			fastest = &plain[i]
+		for _, r := range o.faults {
+			struck := slices.ContainsFunc(c.faults, func(f Result) bool { return f.Fault == r.Fault && !f.NotFired })
+			if !struck && !slices.Contains(out, r.Fault) {
+				out = append(out, r.Fault)
+			}
 		}
 	}
-	switch {
-	case fastest == nil && len(safe) > 0:
-		out = append(out, "No safe run here ran without a fault, so this report compares no speeds: a fault's run measures the fault.")
-	case fastest == nil:
-	case reference != nil && reference.ThroughputRPS > 0:
-		out = append(out, fmt.Sprintf("The fastest safe configuration is %s at %s requests/s, %.2f× the lock-free reference %s (%s requests/s) in this report.",
-			fastest.Name(), num(fastest.ThroughputRPS), fastest.ThroughputRPS/reference.ThroughputRPS, LockFree, num(reference.ThroughputRPS)))
-	default:
-		out = append(out, fmt.Sprintf("The fastest safe configuration is %s at %s requests/s; this report has no lock-free reference (%s) to compare it with.",
-			fastest.Name(), num(fastest.ThroughputRPS), LockFree))
+	return out
+}
+
+// Pick says which configuration the evidence of this report recommends:
+// the fastest one that stayed safe in every fault run of the report, or,
+// when the report ran no fault, the fastest guarded one, saying that a run
+// without faults proves nothing about a lease lock alone. With faults, a
+// candidate must have met, and survived, every scenario the report ran on
+// its lock (with any guard). A configuration with guard none is never the
+// pick: it trusts the lock alone, which is what a fault breaks. Speed is
+// measured by the runs without a fault.
+func Pick(ran []Result) []string {
+	cs := configs(ran)
+	if len(cs) == 0 {
+		return nil
+	}
+	faulted := slices.ContainsFunc(cs, func(c *config) bool { return len(c.faults) > 0 })
+	var candidates, partial []*config // partial: safe, but some scenario never struck it
+	for _, c := range cs {
+		if c.guard == "none" || !allSafe(c.plain) || !allSafe(c.faults) {
+			continue
+		}
+		fired := slices.ContainsFunc(c.faults, func(r Result) bool { return !r.NotFired })
+		switch {
+		case !faulted:
+		case !fired:
+			continue // no fault struck it: no evidence
+		case len(c.untested(cs)) > 0:
+			partial = append(partial, c)
+			continue
+		}
+		candidates = append(candidates, c)
+	}
+	// Fastest first; those with no run without a fault last, by name.
+	slices.SortStableFunc(candidates, func(a, b *config) int { return cmp.Compare(b.rps(), a.rps()) })
+	var reference *config
+	if i := slices.IndexFunc(cs, func(c *config) bool { return c.name == LockFree && len(c.plain) > 0 && allSafe(c.plain) }); i >= 0 {
+		reference = cs[i]
+	}
+	against := func(c *config) string {
+		switch {
+		case c.rps() == 0:
+			return "; no run without a fault measured its speed"
+		case reference == nil || reference.rps() == 0:
+			return fmt.Sprintf(" at %s requests/s; this report has no lock-free reference (%s) to compare it with", num(c.rps()), LockFree)
+		case reference == c:
+			return fmt.Sprintf(" at %s requests/s (the lock-free reference)", num(c.rps()))
+		default:
+			return fmt.Sprintf(" at %s requests/s, %.2f× the lock-free reference %s (%s requests/s)",
+				num(c.rps()), c.rps()/reference.rps(), LockFree, num(reference.rps()))
+		}
+	}
+
+	var out []string
+	if !faulted {
+		if len(candidates) == 0 {
+			return []string{"No pick: no configuration with a guard ran safely here. No run had a fault, and a run without faults proves nothing about a lease lock alone."}
+		}
+		best := candidates[0]
+		out = append(out, fmt.Sprintf("Pick: %s, the fastest configuration with a guard%s.", best.name, against(best)))
+		if best.name == LockFree {
+			if i := slices.IndexFunc(candidates, func(c *config) bool { return !strings.HasPrefix(c.name, "none/") }); i >= 0 {
+				out = append(out, fmt.Sprintf("The fastest with a lock and a guard: %s%s.", candidates[i].name, against(candidates[i])))
+			}
+		}
+		// A faster run with guard none is what a reader would pick by eye.
+		for _, c := range cs {
+			if c.guard == "none" && allSafe(c.plain) && c.rps() > best.rps() {
+				out = append(out, fmt.Sprintf("%s ran faster (%s requests/s) and nothing oversold, but guard none trusts the lock alone: it is not called safe.", c.name, num(c.rps())))
+				break
+			}
+		}
+		return append(out, "No run here had a fault, and a run without faults proves nothing about a lease lock alone: run the lab with --fault to see which configurations survive a paused holder, a restart or a failover.")
+	}
+	if len(candidates) == 0 {
+		return []string{"No pick: no configuration with a guard stayed safe in every fault run of this report (guard none is never picked: it trusts the lock alone)."}
+	}
+	best := candidates[0]
+	var scenarios []string
+	for _, r := range best.faults {
+		if !slices.Contains(scenarios, r.Fault) {
+			scenarios = append(scenarios, r.Fault)
+		}
+	}
+	out = append(out, fmt.Sprintf("Pick: %s, the fastest configuration that stayed safe in every fault run of this report (%d %s: %s)%s.",
+		best.name, len(best.faults), plural(len(best.faults), "run", "runs"), strings.Join(scenarios, ", "), against(best)))
+	for _, c := range partial {
+		if c.rps() > best.rps() {
+			out = append(out, fmt.Sprintf("%s ran faster (%s requests/s) and stayed safe where it ran, but %s never struck it here: no evidence.",
+				c.name, num(c.rps()), strings.Join(c.untested(cs), ", ")))
+		}
+	}
+	for _, c := range cs {
+		if c.guard == "none" && len(c.faults) > 0 && allSafe(c.faults) && allSafe(c.plain) {
+			out = append(out, fmt.Sprintf("%s kept every invariant in its fault runs here, but guard none trusts the lock alone, and a fault that outlasts a lease breaks it: it is never the pick.", c.name))
+		}
 	}
 	return out
 }

@@ -19,10 +19,12 @@ type column struct {
 
 var columns = []column{
 	{"run", Result.Name},
+	{"verdict", Result.Verdict},
 	{"answers", func(r Result) string { return statusLine(r) }},
 	{"sold/stock", func(r Result) string { return fmt.Sprintf("%d/%d", r.OrderedQuantity, r.InitialStock) }},
 	{"final", func(r Result) string { return strconv.Itoa(r.FinalStock) }},
 	{"oversold", func(r Result) string { return strconv.Itoa(r.Oversold) }},
+	{"undersold", func(r Result) string { return strconv.Itoa(r.Undersold) }},
 	{"lost upd", func(r Result) string { return strconv.Itoa(r.LostUpdates) }},
 	{"lost acks", func(r Result) string { return strconv.Itoa(r.LostAcks) }},
 	{"dup", func(r Result) string { return strconv.Itoa(r.Duplicates) }},
@@ -37,7 +39,6 @@ var columns = []column{
 	}},
 	{"conflicts", func(r Result) string { return strconv.Itoa(r.Conflicts) }},
 	{"linearizable", func(r Result) string { return cmp.Or(linearizableCell[r.Linearizable], "-") }},
-	{"verdict", Result.Verdict},
 }
 
 // linearizableCell is Porcupine's verdict (Result.Linearizable) in a cell.
@@ -95,12 +96,12 @@ func writeMarkdownTable(w io.Writer, results []Result) {
 }
 
 // cells is r's row. A run that could not be made has only its name and
-// its verdict: zeros would read as measurements.
+// its verdict (the first two): zeros would read as measurements.
 func cells(r Result) []string {
 	out := make([]string, len(columns))
 	for i, c := range columns {
 		switch {
-		case r.Error == "" || i == 0 || i == len(columns)-1:
+		case r.Error == "" || i <= 1:
 			out[i] = c.cell(r)
 		default:
 			out[i] = "-"

@@ -145,6 +145,19 @@ func BuildTimeline(origin time.Time, faultSKU string, events []FaultEvent, lease
 			hi = earlier(l.End().Add(pad/2), to.Add(stretch))
 		}
 	}
+	// Two holders on the key drawn are what the run counts: draw them even
+	// when they overlapped outside the fault's window.
+	for _, o := range overlaps {
+		if o.Key != tl.Key {
+			continue
+		}
+		if o.B.AcquiredAt.Before(lo) {
+			lo = o.B.AcquiredAt.Add(-pad / 2)
+		}
+		if end := o.B.AcquiredAt.Add(o.Length); end.After(hi) {
+			hi = end.Add(pad / 2)
+		}
+	}
 	lo = later(lo, origin)
 	tl.FromMS, tl.ToMS = ms(lo), ms(hi)
 
@@ -235,6 +248,9 @@ func (r Result) StoryLines() []StoryLine {
 			t.At = "+" + t.At
 		}
 		out = append(out, t.StoryLine)
+	}
+	if why := refusals(r); why != "" {
+		out = append(out, StoryLine{Kind: "why", Text: why})
 	}
 	var end []string
 	if r.NotFired {

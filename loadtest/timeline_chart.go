@@ -21,7 +21,9 @@ func textWidth(s string, size float64) float64 {
 // The data attributes are docs/design.md's, for tools and tests.
 func timelineChart(r Result) template.HTML {
 	tl := r.Timeline
-	const laneH, top, right = 34, 78, 30
+	// A lane: its lease bar at mid, writes below it, a stale write's
+	// outcome in words below that.
+	const laneH, mid, top, right = 50, 16, 78, 30
 	labelW := 0.0
 	for _, l := range tl.Lanes {
 		labelW = math.Max(labelW, textWidth(l, 12))
@@ -85,8 +87,8 @@ func timelineChart(r Result) template.HTML {
 		free := func(from, to float64) bool { // no lease of the lane starts there
 			return !slices.ContainsFunc(starts, func(s float64) bool { return s > from && s < to })
 		}
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="end" class="label">%s</text>`, left-8, y+laneH/2+4, esc(name))
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%d" y2="%d" class="axis"/>`, left, y+laneH/2, chartWidth-right, y+laneH/2)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="end" class="label">%s</text>`, left-8, y+mid+4, esc(name))
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%d" y2="%d" class="axis"/>`, left, y+mid, chartWidth-right, y+mid)
 		for _, l := range tl.Leases {
 			if l.Instance != name {
 				continue
@@ -98,30 +100,57 @@ func timelineChart(r Result) template.HTML {
 				class, how = "lease lost", "lost"
 			}
 			fmt.Fprintf(&b, `<rect data-lease="" data-token="%d" x="%.1f" y="%d" width="%.1f" height="16" class="%s"><title>%s token %d: granted %s, %s %s</title></rect>`,
-				l.Token, x0, y+laneH/2-8, w, class, esc(name), l.Token, seconds(l.FromMS), how, seconds(l.ToMS))
+				l.Token, x0, y+mid-8, w, class, esc(name), l.Token, seconds(l.FromMS), how, seconds(l.ToMS))
 			// The token inside the lease, or right of a short one where the
 			// lane has room and no label of the lane's is there yet.
 			label := fmt.Sprintf("token %d", l.Token)
 			switch tw := textWidth(label, 11); {
 			case tw+6 <= w && x0+w/2-tw/2 > labelEnd:
-				fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" class="token">%s</text>`, x0+w/2, y+laneH/2+4, label)
+				fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" class="token">%s</text>`, x0+w/2, y+mid+4, label)
 				labelEnd = x0 + w/2 + tw/2 + 4
 			case x0+w+4 > labelEnd && x0+w+4+tw <= float64(chartWidth-4) && free(x0+w, x0+w+8+tw):
-				fmt.Fprintf(&b, `<text x="%.1f" y="%d" class="token">%s</text>`, x0+w+4, y+laneH/2-3, label)
+				fmt.Fprintf(&b, `<text x="%.1f" y="%d" class="token">%s</text>`, x0+w+4, y+mid-3, label)
 				labelEnd = x0 + w + 8 + tw
 			}
 		}
+		wordsEnd := 0.0 // where the lane's last outcome in words ends
 		for _, wr := range tl.Writes {
 			if wr.Instance != name {
 				continue
 			}
-			cx, cy := x(wr.AtMS), y+laneH/2+12
+			cx, cy := x(wr.AtMS), y+mid+14
+			stale := staleWrite(tl, wr)
 			tip := fmt.Sprintf("%s's write with token %d %s at %s (%d %s)", name, wr.Token, wr.Outcome, seconds(wr.AtMS), wr.Orders, plural(wr.Orders, "order", "orders"))
+			if stale {
+				tip += ": another replica had been granted the lock since, the write is stale"
+			}
 			if wr.Outcome == "refused" {
 				fmt.Fprintf(&b, `<path data-write="refused" d="M%.1f %dl8 8m0 -8l-8 8" class="refused"><title>%s</title></path>`, cx-4, cy-4, esc(tip))
 			} else {
 				fmt.Fprintf(&b, `<circle data-write="committed" cx="%.1f" cy="%d" r="3.5" class="committed"><title>%s</title></circle>`, cx, cy, esc(tip))
 			}
+			// The outcome of a stale write, and of any refused one, in
+			// words under its mark, where the lane has room.
+			words, class := "", ""
+			switch {
+			case stale && wr.Outcome == "committed":
+				words, class = "stale write committed", "stale-committed"
+			case wr.Outcome == "refused":
+				words, class = "refused", "stale-refused"
+				if stale {
+					words = "stale write refused"
+				}
+			}
+			if words == "" {
+				continue
+			}
+			tw := textWidth(words, 11)
+			lx := math.Min(math.Max(cx-tw/2, left), float64(chartWidth-4)-tw)
+			if lx < wordsEnd {
+				continue
+			}
+			fmt.Fprintf(&b, `<text data-write-words="%s" x="%.1f" y="%d" class="%s">%s</text>`, wr.Outcome, lx, cy+15, class, words)
+			wordsEnd = lx + tw + 8
 		}
 		b.WriteString(`</g>`)
 	}
@@ -133,6 +162,24 @@ func timelineChart(r Result) template.HTML {
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String())
+}
+
+// staleWrite: another replica was granted the lock after w's writer was
+// and before w, so w's writer no longer held it alone. By grant time, not
+// by token: a lock server restarted empty hands out small tokens again.
+func staleWrite(tl *Timeline, w TimedWrite) bool {
+	own, found := 0.0, false // when w's writer was granted the lease it wrote with
+	for _, l := range tl.Leases {
+		if l.Instance == w.Instance && l.Token == w.Token && l.FromMS <= w.AtMS && (!found || l.FromMS > own) {
+			own, found = l.FromMS, true
+		}
+	}
+	if !found {
+		return false // its lease began before the span drawn: nothing to compare
+	}
+	return slices.ContainsFunc(tl.Leases, func(l TimedLease) bool {
+		return l.Instance != w.Instance && l.FromMS > own && l.FromMS <= w.AtMS
+	})
 }
 
 // timelineStyle goes inside each timeline, so that the SVG file the lab
@@ -151,6 +198,8 @@ text { font-family: system-ui, sans-serif; }
 .fault-window { fill: #fde68a; fill-opacity: .55; }
 .committed { fill: #15803d; }
 .refused { stroke: #b91c1c; stroke-width: 2.4; fill: none; }
+.stale-committed { font-size: 11px; font-weight: 600; fill: #b91c1c; }
+.stale-refused { font-size: 11px; fill: #15803d; }
 .event { fill: #92400e; }
 </style>`
 

@@ -48,7 +48,7 @@ func TestMergeJoinsReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| pause-holder | redis | fencing | NO (2/3) | 3/3 | 0 | 1 |", "3 runs merged from " + a + ", " + b} {
+	for _, want := range []string{"| pause-holder | redis | fencing | NO (2/3) | 3/3 | 0 | 0 | 1 |", "3 runs merged from " + a + ", " + b} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("results.md lacks %q:\n%s", want, md)
 		}
