@@ -110,8 +110,20 @@ func parseOrder(c echo.Context) (Request, error) {
 }
 
 // idempotencyKey is the request's Idempotency-Key header, "" for none.
+// The header given twice, or given empty, is refused: a proxy that keeps
+// another of the values, or drops an empty one, would see another request.
 func idempotencyKey(c echo.Context) (string, error) {
-	key := c.Request().Header.Get("Idempotency-Key")
+	values := c.Request().Header.Values("Idempotency-Key")
+	if len(values) > 1 {
+		return "", invalid("Idempotency-Key must be given at most once")
+	}
+	if len(values) == 0 {
+		return "", nil
+	}
+	key := values[0]
+	if key == "" {
+		return "", invalid("Idempotency-Key must not be empty")
+	}
 	if len(key) > maxKeyLength || strings.IndexFunc(key, func(r rune) bool { return r < ' ' || r > '~' }) >= 0 {
 		return "", invalid("Idempotency-Key must be at most %d printable ASCII characters", maxKeyLength)
 	}

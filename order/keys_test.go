@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -183,5 +184,37 @@ func TestKeyRaceAcrossReplicas(t *testing.T) {
 	wantInv(t, a, "kx-h", 1000-holds, holds)
 	if au := f.audit("kx-o"); au.Orders != orders {
 		t.Errorf("kx-o %+v, want %d orders", au, orders)
+	}
+}
+
+// TestKeyHeaderOnce: an Idempotency-Key given twice, or given empty, is 400
+// and takes nothing, on orders and holds; a proxy keeping the other value,
+// or dropping the empty one, would see another request. Before, the first
+// of two values was taken and an empty one meant no key.
+func TestKeyHeaderOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("kh", 10)
+	h := f.service(local.New(), order.Config{Lock: "local"}).Handler()
+	bodies := map[string]string{
+		"/v1/orders":       `{"sku":"kh","quantity":1}`,
+		"/v1/reservations": `{"lines":[{"sku":"kh","quantity":1}]}`,
+	}
+	for path, body := range bodies {
+		for name, keys := range map[string][]string{"twice": {"kh-a", "kh-b"}, "twice the same": {"kh-a", "kh-a"}, "empty": {""}} {
+			t.Run(path+"/"+name, func(t *testing.T) {
+				req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				for _, k := range keys {
+					req.Header.Add("Idempotency-Key", k)
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				wantCode(t, rec, 400, "invalid_request")
+			})
+		}
+	}
+	if a := f.audit("kh"); a.Stock != 10 || a.Reserved != 0 || a.Orders != 0 {
+		t.Fatalf("audit %+v after refused requests, want stock 10, nothing reserved or ordered", a)
 	}
 }

@@ -184,15 +184,24 @@ func (s *Store) migrate(ctx context.Context) error {
 	// an older version, join it: afterwards no request of either kind can
 	// take them again. Where an older version let one key make both an
 	// order and a reservation, the order keeps it.
-	for _, q := range []string{
-		`INSERT IGNORE INTO idempotency_keys (idempotency_key, kind, ref, created_at)
-			SELECT idempotency_key, 'order', id, created_at FROM orders WHERE idempotency_key IS NOT NULL`,
-		`INSERT IGNORE INTO idempotency_keys (idempotency_key, kind, ref, created_at)
-			SELECT idempotency_key, 'reservation', id, created_at FROM reservations WHERE idempotency_key IS NOT NULL`,
-	} {
-		if err := db.Exec(q).Error; err != nil {
-			return fmt.Errorf("idempotency keys: %w", err)
+	// READ COMMITTED: the SELECT then reads without locking, so running
+	// replicas' keyed writes do not wait for the scan (under REPEATABLE
+	// READ it share-locks every row it reads).
+	err = db.Transaction(func(tx *gorm.DB) error {
+		for _, q := range []string{
+			`INSERT IGNORE INTO idempotency_keys (idempotency_key, kind, ref, created_at)
+				SELECT idempotency_key, 'order', id, created_at FROM orders WHERE idempotency_key IS NOT NULL`,
+			`INSERT IGNORE INTO idempotency_keys (idempotency_key, kind, ref, created_at)
+				SELECT idempotency_key, 'reservation', id, created_at FROM reservations WHERE idempotency_key IS NOT NULL`,
+		} {
+			if err := tx.Exec(q).Error; err != nil {
+				return err
+			}
 		}
+		return nil
+	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return fmt.Errorf("idempotency keys: %w", err)
 	}
 	// The first migration of a database names it for good.
 	err = db.Exec("INSERT IGNORE INTO meta (name, value) VALUES (?, ?)", identityName, uuid.NewString()).Error
