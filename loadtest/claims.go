@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// The seeds' claims, measured side by side (issue 15): per lock backend on
+// The seeds' claims, measured side by side: per lock backend on
 // its cluster, whether the lock survives its leader's or master's failure,
 // its handoff latency, and for Redis Cluster the pub/sub messages each node
 // receives. Every figure comes from the runs of the report.

@@ -13,7 +13,7 @@
 //	Check      the invariants, read from MySQL directly
 //	Report     results.json, results.md and report.html
 //
-// Every piece has one job and can be used alone: the faults of issue 5 pause
+// Every piece has one job and can be used alone: the faults pause
 // and kill the Fleet's replicas while an Attack runs, and a sweep is a loop
 // over Runner.Run with different Specs.
 package loadtest

@@ -11,7 +11,7 @@ import (
 )
 
 // PubSub is what a Redis Cluster's bus carried, per node, for a run on it
-// (seed 003: "every node receives every PUBLISH"). The figures are the
+// (the claim: "every node receives every PUBLISH"). The figures are the
 // nodes' own counters (CLUSTER INFO cluster_stats_messages_publish_received
 // and ..._publishshard_received), read by the lab on the run's cluster:
 //

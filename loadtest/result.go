@@ -67,7 +67,7 @@ type Result struct {
 	// Batches: the committed writes and the orders in each (coalescing).
 	Batches *Batches `json:"batches,omitempty"`
 
-	// Fault runs (issue 5).
+	// Fault runs.
 
 	// NotApplicable: the fault does not apply to this backend; nothing ran.
 	NotApplicable bool `json:"not_applicable,omitempty"`
@@ -94,7 +94,7 @@ type Result struct {
 	// first, say): its invariants say nothing about the fault.
 	NotFired bool `json:"fault_not_fired,omitempty"`
 
-	// The reservations workload (issue 13; loadtest/reservations.go).
+	// The reservations workload (loadtest/reservations.go).
 
 	Workload string `json:"workload,omitempty"` // "reservations"; absent for direct orders
 	// ReservedLeft is the stock still reserved once every hold has ended.
@@ -116,7 +116,7 @@ type Result struct {
 	// cluster run of the redis lock without a fault (pubsub.go).
 	PubSub *PubSub `json:"pubsub,omitempty"`
 
-	// Memory (issue 7).
+	// Memory.
 
 	// PeakRSSMB is the largest peak resident set size (VmHWM) of the run's
 	// replicas, in MiB, read just before they stop; 0 where unknown.

@@ -14,7 +14,7 @@ import (
 // more than its start and stop: each one due before every other timer of
 // its P woke an idle thread (the runtime's wakeNetPoller) to recompute the
 // poller's sleep, a quarter of the client CPU of an uncontended Acquire and
-// Release (bench/, pprof, issue 16).
+// Release (bench/, pprof).
 //
 // Its semantics are time.AfterFunc's: set is Reset, stop is Stop, and a
 // due alarm runs its action in a goroutine of its own; an action already

@@ -125,7 +125,7 @@ func (k *Keepalive) MarkLost() { k.once.Do(func() { close(k.lost) }) }
 // expire closes Lost when the validity has ended. A renewal that answered
 // after its expiry alarm was taken off the schedule, but before the
 // alarm's goroutine ran, extended the validity and set the alarm again:
-// closing Lost then would give up a lease just renewed (review 7, R7-4).
+// closing Lost then would give up a lease just renewed.
 func (k *Keepalive) expire() {
 	k.mu.Lock()
 	defer k.mu.Unlock()

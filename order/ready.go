@@ -59,7 +59,7 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	// From the announcement on, a failure takes the row back: left, it
 	// would count as a live replica of these settings for liveWithin and
-	// refuse newcomers with others (review 8, R8-8).
+	// refuse newcomers with others.
 	unannounce := func(err error) error {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
 		defer cancel()
@@ -193,8 +193,8 @@ func (s *Service) withdraw(why error) {
 	}
 }
 
-// refuseIfWithdrawn refuses every write of a replica that withdrew
-// (review 7, R7-2): the balancer sends it nothing, but a client may
+// refuseIfWithdrawn refuses every write of a replica that withdrew:
+// the balancer sends it nothing, but a client may
 // address it directly, and MySQL refuses its stale writes only under the
 // fencing guard. 409 lock_lost, as its fenced writes get: nothing was
 // written, the client retries on another replica.
@@ -209,8 +209,8 @@ func (s *Service) refuseIfWithdrawn() error {
 
 // beforeWrite is the check right before a write: nothing is written once
 // the lease is known lost, nor by a replica that withdrew while the
-// request waited for its lock or read (review 8, R8-5; the check at the
-// request's start alone let those write).
+// request waited for its lock or read (a check at the request's start
+// alone would let those write).
 func (s *Service) beforeWrite(leaseLost bool, what string) error {
 	if err := s.refuseIfWithdrawn(); err != nil {
 		return err
@@ -326,7 +326,7 @@ func (s *Service) probeLock(ctx context.Context) error {
 // withdraws it.
 func (s *Service) checkPeers(ctx context.Context) error {
 	select {
-	case <-s.withdrawn: // for good, even once the fences name its settings again (review 8, R8-2)
+	case <-s.withdrawn: // for good, even once the fences name its settings again
 		return s.whyWithdrawn
 	default:
 	}

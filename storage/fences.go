@@ -148,7 +148,7 @@ func (s *Store) adoptFences(ctx context.Context, f Fleet, held uint64, reclaim b
 // is below the fences' own: a straggler's, of a fleet that was superseded
 // while it was away. The row's fence refuses it where the current epoch
 // wrote, or AdoptFences moved it; this refuses it where neither did, such
-// as a SKU it would create (review-6 R6-5: it created one and sold on it,
+// as a SKU it would create (or it would create one and sell on it,
 // beside the current fleet). Share-locked, before any inventory row: an
 // adoption (which locks meta first too) waits for the write's commit and
 // then moves what it wrote, or the write waits for the adoption and is

@@ -121,8 +121,8 @@ func (Reservation) TableName() string { return "reservations" }
 // to (new epoch, 0), creating it if no sweeper ever wrote it: a switch of
 // backend neither leaves the new sweeper fenced off by the old one's
 // larger numbers nor lets a straggler of the old backend sweep on, even
-// one whose backend never wrote the row (review-5 R5-2: with a row per
-// backend, such a straggler created its own and passed).
+// one whose backend never wrote the row (with a row per backend, such
+// a straggler would create its own and pass).
 type Fence struct {
 	Name   string `gorm:"type:varbinary(64);primaryKey"`
 	Fence  uint64 `gorm:"not null"`

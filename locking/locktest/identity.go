@@ -62,7 +62,7 @@ func Identity(t *testing.T, start func(context.Context, testbed.Options) (*testb
 	}
 	// A fresh server at the same address, as a new cluster under the same
 	// endpoints is: an identity derived from the address would not change
-	// (review-8 R8-12: on another port, it did).
+	// (on another port, it would).
 	gone := privateServer(t, start, testbed.Options{Args: opts.Args})
 	goneID, err := IdentityOf(t, open(t, gone.Addr))
 	if err != nil {

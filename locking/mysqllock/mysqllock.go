@@ -698,8 +698,7 @@ func (l *Locker) bootEpoch(ctx context.Context) (uint64, time.Duration, error) {
 		return 0, 0, err
 	}
 	// A new server run (a restart, a promoted replica) may not have the
-	// settings prepare checked: check again before it hands out an epoch
-	// (review 7, R7-5).
+	// settings prepare checked: check again before it hands out an epoch.
 	if err := checkServer(ctx, l.db); err != nil {
 		return 0, 0, err
 	}

@@ -251,7 +251,7 @@ type request struct {
 	// wait for nodes known slow (node.slow) only as long again as that
 	// majority took: an acquire attempt, which can be tried again, does not
 	// wait out a black-holed node each time, yet still hears a healthy node
-	// a few ms farther whose vote decides (review 3, F9).
+	// a few ms farther whose vote decides.
 	hurry bool
 	do    func(ctx context.Context, i int, c redis.UniversalClient) vote // node i's request
 	// failed, if set, hears of each node whose request ended without an
@@ -707,7 +707,7 @@ func acquireVote(res []any, err error) vote {
 // TTL, counted from the end of the attempt's request there, as Release's
 // are: nobody waits for it, and a node stalled past the per-node timeout
 // (an fsync, a fork) executes the attempt's request when it resumes, so
-// the undo must still come after it (review 3, F6); a node not reached
+// the undo must still come after it; a node not reached
 // within a TTL keeps the key for one TTL. Where the attempt's request
 // ended without an answer (failed), it buries the owner (see release):
 // that request may still come after the undo. It wakes nobody: after a
@@ -744,8 +744,7 @@ func always(tally) bool { return true }
 // there, it also leaves a tombstone of owner and member for a TTL, which makes the acquire script refuse them: an acquire
 // request that had no answer there may land after this one (it ended
 // first as the client saw it, but two connections can be reordered by the
-// network), and would set the key or queue the member again (review 3,
-// F6). It returns once decided (see ask), the requests running on base,
+// network), and would set the key or queue the member again. It returns once decided (see ask), the requests running on base,
 // each node's after its request in after.
 func (l *Locker) release(ctx, base context.Context, timeout time.Duration, after []<-chan struct{}, n waitq.Names, owner, member string, wake bool, bury func(int) bool, decided func(tally) bool, only func(int) bool) tally {
 	w := "0"
@@ -844,7 +843,7 @@ func (s *lease) Lost() <-chan struct{} { return s.ka.Lost() }
 // deadline, since a renewal past the validity is worthless. Cut off with
 // the majority's answer, a request still waiting for a connection would
 // never be sent, that node's key would expire at the TTL, and one more
-// slow node later would lose the lease (review 3, F7).
+// slow node later would lose the lease.
 func (s *lease) renew(ctx context.Context) error {
 	l := s.l
 	timeout := l.cfg.NodeTimeout

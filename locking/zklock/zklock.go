@@ -361,8 +361,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string) (string, int64, err
 // when the create (or the look that found the node) was sent. If the
 // session changed before the answer was read, the node may have died with
 // the old one while a follower still lists it, and a lease recorded under
-// the new session would pass its session check: errVanished, create again
-// (review 3, F8).
+// the new session would pass its session check: errVanished, create again.
 func (l *Locker) create(parent, guid string) (string, int64, error) {
 	prefix := parent + "/" + protectedPrefix + guid + lockSuffix
 	search := false // a create's outcome is unknown: look before creating again
