@@ -74,6 +74,7 @@ type HoldRequest struct {
 	Lines      []Line
 	TTLSeconds int64
 	Key        string
+	id         string // the reservation's id, when chosen before the flow (the gate)
 }
 
 func (r HoldRequest) storageLines() []storage.Line {
@@ -118,7 +119,11 @@ func (s *Service) Hold(ctx context.Context, req HoldRequest) (Reservation, bool,
 	if err := s.refuseIfWithdrawn(); err != nil {
 		return Reservation{}, false, err
 	}
-	r, replayed, err := retried(ctx, func() (storage.Reservation, bool, error) { return s.holdOnce(ctx, req) })
+	hold := s.holdFlow
+	if s.cfg.Gate != nil {
+		hold = s.holdGated // gate.go
+	}
+	r, replayed, err := hold(ctx, req)
 	if errors.Is(err, storage.ErrOutOfStock) && req.Key != "" {
 		// A retry that raced its own first try finds the stock that try
 		// held: it is a replay, not a refusal.
@@ -131,6 +136,11 @@ func (s *Service) Hold(ctx context.Context, req HoldRequest) (Reservation, bool,
 	}
 	v, err := s.view(ctx, r)
 	return v, replayed, err
+}
+
+// holdFlow is Hold past the gate.
+func (s *Service) holdFlow(ctx context.Context, req HoldRequest) (storage.Reservation, bool, error) {
+	return retried(ctx, func() (storage.Reservation, bool, error) { return s.holdOnce(ctx, req) })
 }
 
 func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reservation, bool, error) {
@@ -178,7 +188,10 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	lines := req.storageLines()
 	moves := make([]storage.Move, len(lines))
 	row := storage.Reservation{
-		ID: uuid.Must(uuid.NewV7()).String(), Instance: s.cfg.Instance, Lock: s.cfg.Lock,
+		ID: req.id, Instance: s.cfg.Instance, Lock: s.cfg.Lock,
+	}
+	if row.ID == "" {
+		row.ID = uuid.Must(uuid.NewV7()).String()
 	}
 	for i := range lines {
 		lines[i].Token = token(leases, lines[i].SKU)
@@ -346,6 +359,9 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 	switch {
 	case err == nil:
 		s.cacheRows(wctx, after, leases)
+		if to != storage.StatusConfirmed {
+			s.gateReturn(wctx, done)
+		}
 		return done, nil
 	case errors.Is(err, storage.ErrSettled):
 		return settled(done, to)
@@ -362,6 +378,9 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, sweepToken uint
 		s.refreshLines(wctx, r.Lines, leases)
 		if now, lerr := s.store.Reservation(wctx, id); lerr == nil && now.Status == to {
 			s.log.Warn("settle reported failed but committed", "reservation_id", id, "to", to, "err", err)
+			if to != storage.StatusConfirmed {
+				s.gateReturn(wctx, now)
+			}
 			return now, nil
 		}
 	}
