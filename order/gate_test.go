@@ -369,7 +369,12 @@ func TestGateReplayTakesNothing(t *testing.T) {
 		defer close(done2)
 		o2, replayed2, err2 = second.Place(t.Context(), order.Request{SKU: sku, Quantity: 2, Key: key})
 	}()
-	<-g.inFlight // the replay found the first in flight
+	select {
+	case <-g.inFlight: // the replay found the first in flight
+	case <-done2:
+		close(resume)
+		t.Fatalf("the replay did not wait for the first in flight (order %s, %v): it took stock of its own", o2.ID, err2)
+	}
 	if got := f.counter(sku); got.Stock != 3 || got.Held != 2 {
 		t.Fatalf("gate counter %+v with a replay in flight, want stock 3, held 2: one take", got)
 	}
