@@ -512,3 +512,51 @@ func TestGateHolds(t *testing.T) {
 		t.Fatalf("after PUT 7: %+v", ca)
 	}
 }
+
+// The reconciler sets a counter with nothing in flight to MySQL's stock
+// (stock added outside PUT, a give-back lost with its replica), and leaves
+// alone a counter with a take in flight, one that changed since it was
+// read, and every counter under guard none, whose MySQL stock is not the
+// truth.
+func TestGateReconcile(t *testing.T) {
+	f := newFixture(t)
+	g := f.gate()
+	ctx := t.Context()
+	svc := f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: g})
+	trusting := f.service(nil, order.Config{Guard: storage.GuardNone, Gate: g})
+
+	f.stock("gate-rec", 5)
+	if err := g.Seed(ctx, "gate-rec", 5); err != nil {
+		t.Fatal(err)
+	}
+	f.stock("gate-rec", 8) // outside PUT
+	if err := trusting.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.counter("gate-rec"); c.Stock != 5 {
+		t.Fatalf("guard none reconciled: %+v", c)
+	}
+	// A take in flight: left alone.
+	lines := []inventory.Line{{SKU: "gate-rec", Quantity: 1}}
+	if err := g.Take(ctx, "order:id:x", "{}", time.Now().Add(time.Hour), lines); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.counter("gate-rec"); c.Stock != 4 || c.Held != 1 {
+		t.Fatalf("reconciled with a take in flight: %+v", c)
+	}
+	if _, err := g.GiveBack(ctx, "order:id:x", lines); err != nil {
+		t.Fatal(err)
+	}
+	// Changed since read: refused.
+	c := f.counter("gate-rec")
+	if ok, err := g.Reconcile(ctx, "gate-rec", 8, c.Seq-1); err != nil || ok {
+		t.Fatalf("reconcile on a stale seq: %v %v, want refused", ok, err)
+	}
+	if err := svc.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.wantSettled("gate-rec")
+}
