@@ -124,6 +124,9 @@ type Result struct {
 	// ReplicaPeakRSSMB is each replica's, by name (a replica restarted
 	// by a fault reports its last process only).
 	ReplicaPeakRSSMB map[string]float64 `json:"replica_peak_rss_mb,omitempty"`
+
+	// Gate is the replicas' OVERSOLD_GATE: "redis", or "" for none.
+	Gate string `json:"gate,omitempty"`
 }
 
 // Phases is how long each step of a run took, in seconds of wall time.
@@ -168,6 +171,9 @@ type Slice struct {
 // any, else with the workload if not orders ("redis/none+reservations").
 func (r Result) Name() string {
 	name := r.Backend + "/" + r.Guard
+	if r.Gate != "" {
+		name += "+gate"
+	}
 	switch {
 	case r.Fault != "":
 		name += "+" + r.Fault // the reservations' faults say their workload

@@ -51,11 +51,13 @@ type Spec struct {
 	// Workload is "" for direct orders, WorkloadReservations for checkouts
 	// (Requests of them) on SKUs hot SKUs.
 	Workload string
+	// Gate is OVERSOLD_GATE: "redis", or "" for none.
+	Gate string
 }
 
 // Name is the run's label, as in Result.Name.
 func (s Spec) Name() string {
-	return Result{Backend: s.Backend, Guard: s.Guard, Fault: s.Fault, Workload: s.Workload}.Name()
+	return Result{Backend: s.Backend, Guard: s.Guard, Fault: s.Fault, Workload: s.Workload, Gate: s.Gate}.Name()
 }
 
 // Fault disturbs a run. Both steps are optional.
@@ -275,6 +277,7 @@ func (s Spec) result() Result {
 		Requests: s.Requests, Status: map[string]int{}, SKUs: s.SKUs,
 		Rate: s.Rate, Workers: s.Workers, Seed: s.Seed, Topology: s.Topology,
 		WorkDelay: s.WorkDelay.String(), LockTTL: s.LockTTL.String(), Workload: s.Workload,
+		Gate: s.Gate,
 	}
 }
 
@@ -622,6 +625,7 @@ func (rn *Runner) replicaEnv(spec Spec, srv Servers) map[string]string {
 			env[k] = v
 		}
 	}
+	set("OVERSOLD_GATE", spec.Gate)
 	set("OVERSOLD_REDIS_ADDR", srv.RedisAddr)
 	set("OVERSOLD_REDLOCK_ADDRS", strings.Join(srv.RedlockAddrs, ","))
 	set("OVERSOLD_ZK_SERVERS", strings.Join(srv.ZKServers, ","))

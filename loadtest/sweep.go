@@ -26,7 +26,7 @@ const SweepMD = "sweep.md"
 
 // IsCeiling reports whether r is a run of the ceiling.
 func (r Result) IsCeiling() bool {
-	return r.Backend == CeilingBackend && r.Guard == CeilingGuard && r.Fault == ""
+	return r.Backend == CeilingBackend && r.Guard == CeilingGuard && r.Fault == "" && r.Gate == ""
 }
 
 // Cell is one point of a sweep: how many replicas, how many hot SKUs.

@@ -1,5 +1,7 @@
 package order
 
+import "time"
+
 // Queued is how many orders wait in sku's queue on s: tests send orders
 // one after another once the one before has queued, so that they arrive
 // in a known order however late a goroutine is scheduled.
@@ -17,3 +19,6 @@ func Draining(s *Service, sku string) bool {
 	_, ok := s.queues.m[sku]
 	return ok
 }
+
+// GateBound is how long a take is left to its flow before the back-check.
+func GateBound(s *Service) time.Duration { return s.gateBound() }

@@ -40,6 +40,7 @@ type Metrics struct {
 
 	// Reservations (reservations.go, sweeper.go).
 	reservations  *prometheus.CounterVec // by op (hold, confirm, cancel, expire) and outcome
+	gate          *prometheus.CounterVec // stock gate takes by outcome
 	stockReserved prometheus.Gauge       // stock held by reservations, all SKUs
 	sweepLag      prometheus.Gauge       // now - the oldest due hold, by MySQL's clock
 }
@@ -96,6 +97,10 @@ func NewMetrics(replica, lock string, guard storage.Guard) *Metrics {
 			Help: "API requests answered 503 at once because the replica served its OVERSOLD_MAX_IN_FLIGHT already.",
 		}),
 	}
+	m.gate = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "oversold_gate_total",
+		Help: "Stock gate takes by outcome: taken, short, done, given_back, back_checked.",
+	}, []string{"outcome"})
 	m.reservations = f.NewCounterVec(prometheus.CounterOpts{
 		Name: "oversold_reservations_total",
 		Help: "Reservation transitions by operation (hold, confirm, cancel, expire) and outcome.",

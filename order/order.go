@@ -71,6 +71,7 @@ type Request struct {
 	SKU      string
 	Quantity int64
 	Key      string
+	id       string // the order's id, when chosen before the flow (the gate)
 }
 
 // Store is the MySQL side of the flow (storage.Store).

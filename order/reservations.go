@@ -73,6 +73,7 @@ type HoldRequest struct {
 	Lines      []Line
 	TTLSeconds int64
 	Key        string
+	id         string // the reservation's id, when chosen before the flow (the gate)
 }
 
 func (r HoldRequest) storageLines() []storage.Line {
@@ -124,7 +125,11 @@ func (s *Service) Hold(ctx context.Context, req HoldRequest) (Reservation, bool,
 	if err := s.refuseIfWithdrawn(); err != nil {
 		return Reservation{}, false, err
 	}
-	r, replayed, err := retried(ctx, func() (storage.Reservation, bool, error) { return s.holdOnce(ctx, req) })
+	hold := s.holdFlow
+	if s.cfg.Gate != nil {
+		hold = s.holdGated // gate.go
+	}
+	r, replayed, err := hold(ctx, req)
 	if errors.Is(err, storage.ErrOutOfStock) && req.Key != "" {
 		// A retry that raced its own first try finds the stock that try
 		// held: it is a replay, not a refusal.
@@ -141,6 +146,11 @@ func (s *Service) Hold(ctx context.Context, req HoldRequest) (Reservation, bool,
 	defer cancel()
 	v, err := s.view(vctx, r)
 	return v, replayed, err
+}
+
+// holdFlow is Hold past the gate.
+func (s *Service) holdFlow(ctx context.Context, req HoldRequest) (storage.Reservation, bool, error) {
+	return retried(ctx, func() (storage.Reservation, bool, error) { return s.holdOnce(ctx, req) })
 }
 
 func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reservation, bool, error) {
@@ -188,7 +198,10 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	lines := req.storageLines()
 	moves := make([]storage.Move, len(lines))
 	row := storage.Reservation{
-		ID: uuid.Must(uuid.NewV7()).String(), Instance: s.cfg.Instance, Lock: s.cfg.Lock,
+		ID: req.id, Instance: s.cfg.Instance, Lock: s.cfg.Lock,
+	}
+	if row.ID == "" {
+		row.ID = uuid.Must(uuid.NewV7()).String()
 	}
 	for i := range lines {
 		lines[i].Token = token(leases, lines[i].SKU)
@@ -385,6 +398,9 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (
 	switch {
 	case err == nil:
 		s.cacheRows(actx, after, leases)
+		if to != storage.StatusConfirmed {
+			s.gateReturn(actx, done)
+		}
 		return done, nil
 	case errors.Is(err, storage.ErrSettled):
 		return settled(done, to)
@@ -401,6 +417,9 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (
 		s.refreshLines(actx, r.Lines, leases)
 		if now, lerr := s.store.Reservation(actx, id); lerr == nil && now.Status == to {
 			s.log.Warn("settle reported failed but committed", "reservation_id", id, "to", to, "err", err)
+			if to != storage.StatusConfirmed {
+				s.gateReturn(actx, now)
+			}
 			return now, nil
 		}
 	}

@@ -68,6 +68,14 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersi
 	if err := s.cache.Force(wctx, item); err != nil {
 		s.log.Warn("cache write failed", "sku", sku, "version", item.Version, "err", err)
 	}
+	// The gate's counter follows the reset, less what is in flight (which
+	// takes from the new stock as it commits). A failure leaves the old
+	// counter until the reconciler.
+	if s.cfg.Gate != nil {
+		if err := s.cfg.Gate.Reset(wctx, sku, item.Stock); err != nil {
+			s.log.Warn("gate reset failed", "sku", sku, "err", err)
+		}
+	}
 	s.log.Info("inventory set", "sku", sku, "stock", item.Stock, "version", item.Version)
 	return inv, nil
 }

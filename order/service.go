@@ -79,6 +79,8 @@ type Config struct {
 	// waits for it, at the points named by the Hook* constants, so the lab
 	// can pause or kill the replica at an exact step of the flow.
 	FaultHook func(ctx context.Context, at HookPoint, h HookInfo)
+	// Gate is the stock gate (gate.go); nil: OVERSOLD_GATE=none.
+	Gate StockGate
 }
 
 // HookPoint names where in the flow Config.FaultHook is called.
@@ -229,6 +231,14 @@ func (s *Service) Place(ctx context.Context, req Request) (o Order, replayed boo
 	if err := s.refuseIfWithdrawn(); err != nil {
 		return Order{}, false, err
 	}
+	if s.cfg.Gate != nil {
+		return s.placeGated(ctx, req) // gate.go
+	}
+	return s.place(ctx, req)
+}
+
+// place is Place past the gate.
+func (s *Service) place(ctx context.Context, req Request) (o Order, replayed bool, err error) {
 	for attempt := 1; ; attempt++ {
 		o, replayed, err = s.placeOnce(ctx, req)
 		if errors.Is(err, storage.ErrOutOfStock) && req.Key != "" {
@@ -472,8 +482,12 @@ func replay(prev storage.Order, req Request) (Order, bool, error) {
 // newOrder is the row step 6 inserts, its id chosen before the write so
 // that a write of unknown outcome can be looked up.
 func (s *Service) newOrder(req Request, lease locking.Lease) storage.Order {
+	id := req.id // chosen before the gate's take
+	if id == "" {
+		id = uuid.Must(uuid.NewV7()).String()
+	}
 	o := storage.Order{
-		ID:        uuid.Must(uuid.NewV7()).String(),
+		ID:        id,
 		SKU:       req.SKU,
 		Quantity:  req.Quantity,
 		Status:    storage.StatusConfirmed,

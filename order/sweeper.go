@@ -63,6 +63,12 @@ func (s *Service) sweepLoop() {
 			return
 		case <-t.C:
 		}
+		if _, err := s.BackCheck(ctx, time.Now()); err != nil && ctx.Err() == nil {
+			s.log.Warn("gate back-check failed", "err", err)
+		}
+		if err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("gate reconcile failed", "err", err)
+		}
 		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("sweep failed", "err", err)
 		}

@@ -21,6 +21,7 @@ import (
 // config is the lab's command line, validated.
 type config struct {
 	backends, guards []string // the matrix, or the default experiment when neither was given
+	gates            []string // crossed with the matrix: "" (none) and/or "redis"
 	replicas         int
 	stock            int
 	requests         int
@@ -81,6 +82,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&backendList, "backends", "", "comma-separated lock backends: none,"+strings.Join(backends.Names, ",")+
 		"\n(default: all of them with guard none, plus none with guards version and atomic, plus one reservations run per backend)")
 	fs.StringVar(&guardList, "guards", "", "comma-separated guards, crossed with --backends: "+strings.Join(guardNames(), ",")+" (default none)")
+	var gateList string
+	fs.StringVar(&gateList, "gates", "", "comma-separated stock gates, crossed with --backends and --guards: none,redis (default none;\n"+
+		"the default experiment adds none/atomic and the peers' none/none with the gate)")
 	c.replicas, c.skus = 3, 1
 	fs.Var(intList{&c.replicas, &c.sweep.replicas}, "replicas", "orderd replicas behind the balancer; with --sweep a comma-separated list, 1,2,3,4 unless given")
 	fs.IntVar(&c.stock, "stock", 100, "initial stock per SKU")
@@ -139,6 +143,16 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.faults, err = list("fault", faultList, given["fault"], faultNames()); err != nil {
 		return c, err
+	}
+	gates, err := list("gates", gateList, given["gates"], []string{"none", "redis"})
+	if err != nil {
+		return c, err
+	}
+	for _, g := range gates {
+		if g == "none" {
+			g = "" // Spec.Gate's none
+		}
+		c.gates = append(c.gates, g)
 	}
 	switch {
 	case c.faults != nil && !given["guards"]:
@@ -293,17 +307,26 @@ func (c config) specs() []loadtest.Spec {
 	if c.sweep.on {
 		return c.sweepSpecs()
 	}
-	type pair struct{ backend, guard string }
+	type pair struct{ backend, guard, gate string }
 	var pairs []pair
-	if c.backends == nil && c.guards == nil {
+	if c.backends == nil && c.guards == nil && c.gates == nil {
 		for _, b := range backends.Names {
-			pairs = append(pairs, pair{b, "none"})
+			pairs = append(pairs, pair{b, "none", ""})
 		}
-		pairs = append(pairs, pair{"none", "version"}, pair{"none", "atomic"})
+		pairs = append(pairs, pair{"none", "version", ""}, pair{"none", "atomic", ""},
+			// the stock gate: above MySQL's condition, and the peers'
+			// design, which trusts it alone
+			pair{"none", "atomic", "redis"}, pair{"none", "none", "redis"})
 	} else {
-		for _, b := range c.backends {
-			for _, g := range c.guards {
-				pairs = append(pairs, pair{b, g})
+		bs, gs := c.backends, c.guards
+		if bs == nil && gs == nil { // --gates alone: the references
+			bs, gs = []string{"none"}, []string{"atomic", "none"}
+		}
+		for _, b := range bs {
+			for _, g := range gs {
+				for _, gate := range c.gateList() {
+					pairs = append(pairs, pair{b, g, gate})
+				}
 			}
 		}
 	}
@@ -316,7 +339,7 @@ func (c config) specs() []loadtest.Spec {
 		for _, p := range pairs {
 			for i := range max(c.repeat, 1) {
 				specs = append(specs, loadtest.Spec{
-					Backend: p.backend, Guard: p.guard, Replicas: c.replicas, Fault: f,
+					Backend: p.backend, Guard: p.guard, Gate: p.gate, Replicas: c.replicas, Fault: f,
 					Stock: c.stock, SKUs: c.skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
 					WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: c.seed + int64(i), Topology: c.specTopology(),
 					Workload: c.specWorkload(),
@@ -324,7 +347,7 @@ func (c config) specs() []loadtest.Spec {
 			}
 		}
 	}
-	if c.backends == nil && c.guards == nil && c.specWorkload() == "" {
+	if c.backends == nil && c.guards == nil && c.gates == nil && c.specWorkload() == "" {
 		// The default experiment also runs checkouts: one reservations
 		// run per backend, guard none, small enough to keep the whole
 		// default within a few minutes on 2 cores.
@@ -349,6 +372,14 @@ const (
 	defaultCheckoutSKUs    = 4
 	defaultCheckoutWorkers = 32
 )
+
+// gateList is the gates to cross: --gates, or none.
+func (c config) gateList() []string {
+	if c.gates == nil {
+		return []string{""}
+	}
+	return c.gates
+}
 
 // specWorkload is Spec.Workload: "" for direct orders.
 func (c config) specWorkload() string {

@@ -79,11 +79,13 @@ func TestSpecs(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "[local/none redis/none redlock/none zookeeper/none mysql/none etcd/none none/version none/atomic " +
+		{nil, "[local/none redis/none redlock/none zookeeper/none mysql/none etcd/none none/version none/atomic none/atomic+gate none/none+gate " +
 			"local/none+reservations redis/none+reservations redlock/none+reservations zookeeper/none+reservations mysql/none+reservations etcd/none+reservations]"},
 		{[]string{"--backends", "none", "--guards", "version,atomic"}, "[none/version none/atomic]"},
 		{[]string{"--backends", "redis,etcd"}, "[redis/none etcd/none]"},
 		{[]string{"--backends", "redis, redis ,local", "--guards", "none,fencing"}, "[redis/none redis/fencing local/none local/fencing]"},
+		{[]string{"--gates", "none,redis"}, "[none/atomic none/atomic+gate none/none none/none+gate]"},
+		{[]string{"--backends", "redis,none", "--guards", "atomic", "--gates", "redis"}, "[redis/atomic+gate none/atomic+gate]"},
 		{[]string{"--guards", "fencing"}, "[local/fencing redis/fencing redlock/fencing zookeeper/fencing mysql/fencing etcd/fencing]"},
 	}
 	for _, tc := range tests {

@@ -136,9 +136,9 @@ func (c *config) checkSweep(given map[string]bool) error {
 // repeats of one configuration are spread over the cell, not back to back.
 func (c config) sweepSpecs() []loadtest.Spec {
 	var specs []loadtest.Spec
-	add := func(backend, guard string, replicas, skus int, seed int64) {
+	add := func(backend, guard, gate string, replicas, skus int, seed int64) {
 		specs = append(specs, loadtest.Spec{
-			Backend: backend, Guard: guard, Replicas: replicas,
+			Backend: backend, Guard: guard, Gate: gate, Replicas: replicas,
 			Stock: c.stock, SKUs: skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
 			WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: seed, Topology: c.specTopology(),
 		})
@@ -147,15 +147,17 @@ func (c config) sweepSpecs() []loadtest.Spec {
 		for _, k := range c.sweep.skus {
 			for i := range max(c.repeat, 1) {
 				seed := c.seed + int64(i)
-				add(loadtest.CeilingBackend, loadtest.CeilingGuard, r, k, seed)
+				add(loadtest.CeilingBackend, loadtest.CeilingGuard, "", r, k, seed)
 				for _, b := range c.backends {
 					for _, g := range c.guards {
-						if b != loadtest.CeilingBackend || g != loadtest.CeilingGuard {
-							add(b, g, r, k, seed)
+						for _, gate := range c.gateList() {
+							if b != loadtest.CeilingBackend || g != loadtest.CeilingGuard || gate != "" {
+								add(b, g, gate, r, k, seed)
+							}
 						}
 					}
 				}
-				add(loadtest.CeilingBackend, loadtest.CeilingGuard, r, k, seed)
+				add(loadtest.CeilingBackend, loadtest.CeilingGuard, "", r, k, seed)
 			}
 		}
 	}

@@ -71,6 +71,25 @@ func TestSweepFlags(t *testing.T) {
 			t.Errorf("runs %v, want %v", names, want)
 		}
 	})
+	t.Run("gates", func(t *testing.T) {
+		c, err := parseFlags([]string{"--sweep", "--backends", "none,redis", "--guards", "atomic", "--gates", "none,redis",
+			"--replicas", "3", "--skus", "1"}, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, s := range c.specs() {
+			names = append(names, s.Name())
+		}
+		// The gated none/atomic is not the ceiling: it runs between two.
+		want := []string{"none/atomic", "none/atomic+gate", "redis/atomic", "redis/atomic+gate", "none/atomic"}
+		if !slices.Equal(names, want) {
+			t.Errorf("runs %v, want %v", names, want)
+		}
+		if (loadtest.Result{Backend: "none", Guard: "atomic", Gate: "redis"}).IsCeiling() {
+			t.Error("a gated none/atomic run counts as the ceiling")
+		}
+	})
 	t.Run("plain runs take one value", func(t *testing.T) {
 		c, err := parseFlags([]string{"--replicas", "2", "--skus", "4"}, &bytes.Buffer{})
 		if err != nil || c.replicas != 2 || c.skus != 4 || c.sweep.on {

@@ -32,6 +32,7 @@ type config struct {
 	EtcdEndpoints  []string
 	Lock           string // "none" or one of backends.Names
 	Guard          storage.Guard
+	Gate           string // none or redis
 	LockTTL        time.Duration
 	LockWait       time.Duration
 	WorkDelay      time.Duration
@@ -110,6 +111,13 @@ var settings = []setting{
 	{"OVERSOLD_GUARD", "version", "none, version, fencing, atomic", func(c *config, v string) (err error) {
 		c.Guard, err = storage.ParseGuard(v)
 		return err
+	}},
+	{"OVERSOLD_GATE", "none", "none, redis: the stock gate", func(c *config, v string) error {
+		c.Gate = v
+		if v != "none" && v != "redis" {
+			return fmt.Errorf("unknown gate %q (want none, redis)", v)
+		}
+		return nil
 	}},
 	{"OVERSOLD_LOCK_TTL", "10s", "lease time to live", func(c *config, v string) (err error) {
 		c.LockTTL, err = duration(v, false)

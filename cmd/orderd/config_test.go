@@ -55,6 +55,8 @@ func TestConfigPrecedence(t *testing.T) {
 			return slices.Equal(c.RedlockAddrs, []string{"a:1", "b:2", "c:3"}) && slices.Equal(c.EtcdEndpoints, []string{"http://e:2379", "https://f:2379"})
 		}},
 		{"guard", []string{"--guard", "fencing"}, env("OVERSOLD_GUARD", "atomic"), func(c config) bool { return c.Guard == storage.GuardFencing }},
+		{"gate", []string{"--gate", "redis"}, env("OVERSOLD_GATE", "none"), func(c config) bool { return c.Gate == "redis" }},
+		{"gate default", nil, env(), func(c config) bool { return c.Gate == "none" }},
 		{"dsn", nil, env("OVERSOLD_MYSQL_DSN", "app:pw@tcp(db:3306)/shop"), func(c config) bool { return c.Database == "shop" }},
 		{"sentinel redis", nil, env("OVERSOLD_REDIS_ADDR", "sentinel://m@a:26379,b:26379"), func(c config) bool { return c.RedisAddr == "sentinel://m@a:26379,b:26379" }},
 	} {
@@ -81,6 +83,8 @@ func TestConfigErrors(t *testing.T) {
 		{nil, env("OVERSOLD_LOCK", "zk"), `OVERSOLD_LOCK: unknown lock "zk" (want none, local, redis, redlock, zookeeper, mysql, etcd)`},
 		{[]string{"--lock", "Redis"}, env(), `OVERSOLD_LOCK: unknown lock "Redis"...`},
 		{nil, env("OVERSOLD_GUARD", "strict"), `OVERSOLD_GUARD: unknown guard "strict" (want one of none, version, fencing, atomic)`},
+		{nil, env("OVERSOLD_GATE", "Redis"), `OVERSOLD_GATE: unknown gate "Redis" (want none, redis)`},
+		{[]string{"--gate", "memcached"}, env(), `OVERSOLD_GATE: unknown gate "memcached" (want none, redis)`},
 		{nil, env("OVERSOLD_LOCK_TTL", "abc"), `OVERSOLD_LOCK_TTL: time: invalid duration "abc"`},
 		{[]string{"--lock-ttl", "abc"}, env(), `OVERSOLD_LOCK_TTL: time: invalid duration "abc"`},
 		{nil, env("OVERSOLD_LOCK_TTL", "-1s"), `OVERSOLD_LOCK_TTL: -1s is negative`},

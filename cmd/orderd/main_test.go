@@ -108,6 +108,83 @@ func TestBinary(t *testing.T) {
 		t.Parallel()
 		servesAndDrains(t, bin)
 	})
+	t.Run("bad gate", func(t *testing.T) {
+		t.Parallel()
+		exitsWithOneLine(t, command(bin, "OVERSOLD_GATE=lua"), "orderd: OVERSOLD_GATE: unknown gate \"lua\" (want none, redis)\n")
+	})
+	t.Run("gate", func(t *testing.T) {
+		t.Parallel()
+		gateRefuses(t, bin)
+	})
+}
+
+// gateRefuses runs the real orderd with the stock gate: a SKU of stock 2
+// sells 2 and the gate refuses the rest (409 out_of_stock), counted as
+// short by oversold_gate_total; a replay is 200 and takes nothing.
+func gateRefuses(t *testing.T, bin string) {
+	const token = "e2e-gate"
+	cmd := command(bin, "OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=e2e-gate",
+		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t), "OVERSOLD_REDIS_ADDR="+testbed.Redis(t),
+		"OVERSOLD_LOCK=none", "OVERSOLD_GUARD=atomic", "OVERSOLD_GATE=redis", "OVERSOLD_ADMIN_TOKEN="+token)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var base string
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		var line map[string]any
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == "orderd listening" {
+			base = "http://" + line["addr"].(string)
+			break
+		}
+	}
+	if base == "" {
+		t.Fatal("orderd exited before listening")
+	}
+	go io.Copy(io.Discard, stderr)
+	client := &http.Client{Timeout: 30 * time.Second}
+	do := func(method, path, body string, header ...string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if code, body := do("PUT", "/v1/inventory/gated", `{"stock":2}`, "Authorization", "Bearer "+token); code != 200 {
+		t.Fatalf("PUT = %d %s", code, body)
+	}
+	for i, want := range []int{201, 201, 409} {
+		code, body := do("POST", "/v1/orders", `{"sku":"gated","quantity":1}`, "Idempotency-Key", fmt.Sprint("k", i))
+		if code != want || (want == 409 && !strings.Contains(body, `"out_of_stock"`)) {
+			t.Fatalf("order %d = %d %s, want %d", i, code, body, want)
+		}
+	}
+	if code, body := do("POST", "/v1/orders", `{"sku":"gated","quantity":1}`, "Idempotency-Key", "k0"); code != 200 {
+		t.Fatalf("replay = %d %s, want 200", code, body)
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(metrics(t, base), "\n") {
+		if rest, ok := strings.CutPrefix(line, `oversold_gate_total{outcome="`); ok {
+			outcome, _, _ := strings.Cut(rest, `"`)
+			got[outcome] = line[strings.LastIndex(line, " ")+1:]
+		}
+	}
+	if got["short"] != "1" || got["taken"] != "2" || got["done"] != "2" {
+		t.Errorf("oversold_gate_total by outcome %v, want short 1, taken 2, done 2", got)
+	}
 }
 
 // exitsWithOneLine runs cmd and wants exit status 2 and exactly want on stderr.

@@ -28,7 +28,9 @@ func RedisRestart() loadtest.Fault {
 	}
 	var runs perRun[state]
 	return loadtest.Fault{
-		Backends: []string{"redis"},
+		// none: the stock gate's Redis (--gates redis), the cache's alone
+		// without it.
+		Backends: []string{"redis", "none"},
 		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
 			srv, err := testbed.StartRedis(ctx, testbed.Options{})
 			if err != nil {
