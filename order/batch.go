@@ -2,6 +2,7 @@ package order
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -112,10 +113,24 @@ func (s *Service) drain(sku string) {
 		// that has its answer finds the lock free, as without batching.
 		s.release(context.Background(), lease, held)
 		for _, p := range batch {
-			p.done <- p.out
+			p.done <- s.result(&p.line)
 		}
 	}
 }
+
+// result is the line's answer once sell has run. A line left with
+// neither an order nor an error is a bug in sell, and is never sent as a
+// sale: it is logged as one and answered as an unanticipated failure.
+func (s *Service) result(l *line) outcome {
+	if !l.answered() {
+		s.log.Error("order left unanswered by its batch", "sku", l.req.SKU, "key", l.req.Key)
+		return outcome{err: errUnanswered}
+	}
+	return l.out
+}
+
+// errUnanswered is the answer of an order its batch left unanswered.
+var errUnanswered = errors.New("the batch left the order unanswered")
 
 // waiting reports whether orders wait for sku, and ends the drain (removes
 // the SKU) when none do.
