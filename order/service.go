@@ -373,6 +373,13 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, 
 	}
 	s.hook(ctx, HookBeforeWrite, first, lease)
 
+	// No write starts past the batch's (or the request's) bound: a taken
+	// order's answer is due within Service.WriteTimeout, which counts on it.
+	if err := ctx.Err(); err != nil {
+		answer(batch, err)
+		return
+	}
+
 	// 6. the guarded write and the orders, in one transaction, on a
 	// context the clients cannot cancel: its outcome is settled before
 	// anyone is answered.

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -108,6 +109,10 @@ func TestBinary(t *testing.T) {
 		t.Parallel()
 		servesAndDrains(t, bin)
 	})
+	t.Run("answers a long batch through shutdown", func(t *testing.T) {
+		t.Parallel()
+		answersLongBatch(t, bin)
+	})
 }
 
 // exitsWithOneLine runs cmd and wants exit status 2 and exactly want on stderr.
@@ -125,6 +130,41 @@ func exitsWithOneLine(t *testing.T, cmd *exec.Cmd, want string) {
 	}
 }
 
+// start starts orderd and waits until its log says where it listens (port
+// 0 picks one): it returns the base URL, that start line, and the JSON log
+// lines after it. The process is killed with the test if still running.
+func start(t *testing.T, cmd *exec.Cmd) (base string, first map[string]any, logs <-chan map[string]any) {
+	t.Helper()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	lines := make(chan map[string]any, 100)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				t.Errorf("log line is not JSON: %q", sc.Text())
+				continue
+			}
+			lines <- line
+		}
+	}()
+	for line := range lines {
+		if line["msg"] == "orderd listening" {
+			return "http://" + line["addr"].(string), line, lines
+		}
+	}
+	t.Fatal("orderd exited before listening")
+	return "", nil, nil
+}
+
 // servesAndDrains starts the real orderd against private servers
 // with lock local, waits for /readyz, places an order, then sends SIGTERM
 // while a slow order is inside its critical section, and sees that order
@@ -140,41 +180,9 @@ func servesAndDrains(t *testing.T, bin string) {
 		"OVERSOLD_WORK_DELAY=1500ms",
 		"OVERSOLD_ADMIN_TOKEN="+token,
 	)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-
-	// The JSON log's first line says where it listens (port 0 picked one).
-	logs := make(chan map[string]any, 100)
-	go func() {
-		defer close(logs)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) != nil {
-				t.Errorf("log line is not JSON: %q", sc.Text())
-				continue
-			}
-			logs <- line
-		}
-	}()
-	var base string
-	for line := range logs {
-		if line["msg"] == "orderd listening" {
-			base = "http://" + line["addr"].(string)
-			if line["instance"] != "e2e" || line["lock"] != "local" || line["guard"] != "version" {
-				t.Errorf("start line %v", line)
-			}
-			break
-		}
-	}
-	if base == "" {
-		t.Fatal("orderd exited before listening")
+	base, line, logs := start(t, cmd)
+	if line["instance"] != "e2e" || line["lock"] != "local" || line["guard"] != "version" {
+		t.Errorf("start line %v", line)
 	}
 
 	client := &http.Client{Timeout: 30 * time.Second}
@@ -245,6 +253,103 @@ func servesAndDrains(t *testing.T, bin string) {
 	if _, err := (&net.Dialer{Timeout: time.Second}).DialContext(context.Background(), "tcp", strings.TrimPrefix(base, "http://")); err == nil {
 		t.Errorf("still accepting connections after exit")
 	}
+}
+
+// answersLongBatch: with 1s of work per order, 24 orders sent at once are
+// answered in about 24s, past the request timeout (5s) and 15s more: the
+// batches that took them run that long. orderd gets SIGTERM once every
+// order is taken. Each order must still get its answer, 201, and orderd
+// exit 0: neither the server's write timeout nor its shutdown deadline
+// may cut a batch short of its answers (a client without a key would buy
+// again).
+func answersLongBatch(t *testing.T, bin string) {
+	const token, n = "e2e-token", 24
+	cmd := command(bin,
+		"OVERSOLD_ADDR=127.0.0.1:0",
+		"OVERSOLD_INSTANCE=e2e-batch",
+		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t),
+		"OVERSOLD_REDIS_ADDR="+testbed.Redis(t),
+		"OVERSOLD_LOCK=local",
+		"OVERSOLD_WORK_DELAY=1s",
+		"OVERSOLD_LOCK_WAIT=4s",
+		"OVERSOLD_REQUEST_TIMEOUT=5s",
+		"OVERSOLD_ADMIN_TOKEN="+token,
+	)
+	base, _, logs := start(t, cmd)
+	go func() {
+		for range logs {
+		}
+	}()
+	client := &http.Client{Timeout: 3 * time.Minute}
+	do := func(method, path, body string, header ...string) (int, error) {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer res.Body.Close()
+		_, err = io.ReadAll(res.Body)
+		return res.StatusCode, err
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if code, _ := do("GET", "/readyz", ""); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("never ready")
+		}
+	}
+	if code, err := do("PUT", "/v1/inventory/long", `{"stock":100}`, "Authorization", "Bearer "+token); code != 200 {
+		t.Fatalf("PUT = %d %v", code, err)
+	}
+
+	begin := time.Now()
+	codes := make([]int, n)
+	errs := make([]error, n)
+	ready := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-ready
+			codes[i], errs[i] = do("POST", "/v1/orders", `{"sku":"long","quantity":1}`, "Idempotency-Key", fmt.Sprintf("long-%02d", i))
+		})
+	}
+	close(ready)
+	for deadline := time.Now().Add(30 * time.Second); batched(t, base) < n; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %v of %d orders taken by a batch after 30s", batched(t, base), n)
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	t.Logf("answered within %v", time.Since(begin).Round(time.Second))
+	for i := range n {
+		if errs[i] != nil || codes[i] != http.StatusCreated {
+			t.Errorf("order %d: %d %v, want 201", i, codes[i], errs[i])
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("orderd exited with %v, want status 0", err)
+	}
+}
+
+// batched is how many orders the replica's batches have taken.
+func batched(t *testing.T, base string) float64 {
+	t.Helper()
+	for line := range strings.Lines(metrics(t, base)) {
+		if strings.HasPrefix(line, "oversold_batch_orders_sum{") {
+			var v float64
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			return v
+		}
+	}
+	return 0
 }
 
 // lockGrants is the replica's count of lock waits that ended.
