@@ -220,4 +220,3 @@ func TestQueuedOrderLeavesOnItsDeadline(t *testing.T) {
 		t.Errorf("audit %+v, want the one order sent again", a)
 	}
 }
-
