@@ -358,6 +358,15 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, 
 		answer(batch, err)
 		return
 	}
+	// No write starts past the batch's (or the request's) bound: a taken
+	// order's answer is due within Service.WriteTimeout, which counts on
+	// it. (Checked after the Lost check, whose answer says more, and
+	// before the fault hook: the lab's pauses there must still end in a
+	// write, as a real pause would.)
+	if err := ctx.Err(); err != nil {
+		answer(batch, err)
+		return
+	}
 	// The none and fencing guards build on the cached read, so the entry
 	// goes before the write: a holder killed or paused between its commit
 	// and step 7 then leaves the next holder a miss (a read of MySQL), not
@@ -372,13 +381,6 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, 
 		}
 	}
 	s.hook(ctx, HookBeforeWrite, first, lease)
-
-	// No write starts past the batch's (or the request's) bound: a taken
-	// order's answer is due within Service.WriteTimeout, which counts on it.
-	if err := ctx.Err(); err != nil {
-		answer(batch, err)
-		return
-	}
 
 	// 6. the guarded write and the orders, in one transaction, on a
 	// context the clients cannot cancel: its outcome is settled before
