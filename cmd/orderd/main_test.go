@@ -130,41 +130,6 @@ func exitsWithOneLine(t *testing.T, cmd *exec.Cmd, want string) {
 	}
 }
 
-// start starts orderd and waits until its log says where it listens (port
-// 0 picks one): it returns the base URL, that start line, and the JSON log
-// lines after it. The process is killed with the test if still running.
-func start(t *testing.T, cmd *exec.Cmd) (base string, first map[string]any, logs <-chan map[string]any) {
-	t.Helper()
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	lines := make(chan map[string]any, 100)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) != nil {
-				t.Errorf("log line is not JSON: %q", sc.Text())
-				continue
-			}
-			lines <- line
-		}
-	}()
-	for line := range lines {
-		if line["msg"] == "orderd listening" {
-			return "http://" + line["addr"].(string), line, lines
-		}
-	}
-	t.Fatal("orderd exited before listening")
-	return "", nil, nil
-}
-
 // servesAndDrains starts the real orderd against private servers
 // with lock local, waits for /readyz, places an order, then sends SIGTERM
 // while a slow order is inside its critical section, and sees that order
@@ -180,9 +145,41 @@ func servesAndDrains(t *testing.T, bin string) {
 		"OVERSOLD_WORK_DELAY=1500ms",
 		"OVERSOLD_ADMIN_TOKEN="+token,
 	)
-	base, line, logs := start(t, cmd)
-	if line["instance"] != "e2e" || line["lock"] != "local" || line["guard"] != "version" {
-		t.Errorf("start line %v", line)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	// The JSON log's first line says where it listens (port 0 picked one).
+	logs := make(chan map[string]any, 100)
+	go func() {
+		defer close(logs)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				t.Errorf("log line is not JSON: %q", sc.Text())
+				continue
+			}
+			logs <- line
+		}
+	}()
+	var base string
+	for line := range logs {
+		if line["msg"] == "orderd listening" {
+			base = "http://" + line["addr"].(string)
+			if line["instance"] != "e2e" || line["lock"] != "local" || line["guard"] != "version" {
+				t.Errorf("start line %v", line)
+			}
+			break
+		}
+	}
+	if base == "" {
+		t.Fatal("orderd exited before listening")
 	}
 
 	client := &http.Client{Timeout: 30 * time.Second}
@@ -275,18 +272,13 @@ func answersLongBatch(t *testing.T, bin string) {
 		"OVERSOLD_REQUEST_TIMEOUT=5s",
 		"OVERSOLD_ADMIN_TOKEN="+token,
 	)
-	base, _, logs := start(t, cmd)
-	go func() {
-		for range logs {
-		}
-	}()
-	client := &http.Client{Timeout: 3 * time.Minute}
-	do := func(method, path, body string, header ...string) (int, error) {
-		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+	base := startOrderd(t, cmd)
+	put(t, base, token, "long", 100)
+	client := &http.Client{Timeout: 3 * time.Minute} // longer than the batches
+	order := func(key string) (int, error) {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/orders", strings.NewReader(`{"sku":"long","quantity":1}`))
 		req.Header.Set("Content-Type", "application/json")
-		for i := 0; i+1 < len(header); i += 2 {
-			req.Header.Set(header[i], header[i+1])
-		}
+		req.Header.Set("Idempotency-Key", key)
 		res, err := client.Do(req)
 		if err != nil {
 			return 0, err
@@ -294,17 +286,6 @@ func answersLongBatch(t *testing.T, bin string) {
 		defer res.Body.Close()
 		_, err = io.ReadAll(res.Body)
 		return res.StatusCode, err
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if code, _ := do("GET", "/readyz", ""); code == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("never ready")
-		}
-	}
-	if code, err := do("PUT", "/v1/inventory/long", `{"stock":100}`, "Authorization", "Bearer "+token); code != 200 {
-		t.Fatalf("PUT = %d %v", code, err)
 	}
 
 	begin := time.Now()
@@ -315,7 +296,7 @@ func answersLongBatch(t *testing.T, bin string) {
 	for i := range n {
 		wg.Go(func() {
 			<-ready
-			codes[i], errs[i] = do("POST", "/v1/orders", `{"sku":"long","quantity":1}`, "Idempotency-Key", fmt.Sprintf("long-%02d", i))
+			codes[i], errs[i] = order(fmt.Sprintf("long-%02d", i))
 		})
 	}
 	close(ready)
