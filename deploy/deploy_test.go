@@ -499,7 +499,7 @@ func TestComposeRefusesBadFiles(t *testing.T) {
 		name, compose, env, want string
 	}{
 		{"no backend chosen", compose, "# nothing chosen\n", "set OVERSOLD_LOCK in .env"},
-		{"misspelt key", mustReplace(t, compose, "  stop_grace_period: 35s", "  stop_grace_periods: 35s"), env, "stop_grace_periods"},
+		{"misspelt key", mustReplace(t, compose, "  stop_grace_period: 70s", "  stop_grace_periods: 70s"), env, "stop_grace_periods"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -30,8 +30,9 @@ const (
 	// readyWithin bounds the wait for /readyz: orderd's own start timeout
 	// (45s, a migration waiting for another replica's) plus a margin.
 	readyWithin = 60 * time.Second
-	// stopWithin bounds the graceful shutdown after SIGTERM (orderd's own
-	// deadline is 15s).
+	// stopWithin bounds the graceful shutdown after SIGTERM of an orderd
+	// with nothing in flight, which stops at once (its deadline, for
+	// orders in flight, is longer).
 	stopWithin = 20 * time.Second
 	// composeReplica is the replica whose environment the test runs: the
 	// wiring test already proves every replica has the same one.

@@ -2,6 +2,7 @@ package order
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -101,10 +102,7 @@ func (s *Service) drain(sku string) {
 			for i, p := range batch {
 				lines[i] = &p.line
 			}
-			// Each order's work delay is paid inside the batch: the bound
-			// grows with it, or a large batch would time out as a whole.
-			bound := writeTimeout + time.Duration(len(batch))*s.cfg.WorkDelay
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), bound)
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), s.batchBound(len(batch)))
 			s.sell(ctx, lease, lines, false)
 			cancel()
 		}
@@ -112,10 +110,54 @@ func (s *Service) drain(sku string) {
 		// that has its answer finds the lock free, as without batching.
 		s.release(context.Background(), lease, held)
 		for _, p := range batch {
-			p.done <- p.out
+			p.done <- s.result(&p.line)
 		}
 	}
 }
+
+// batchBound is the time a batch of n orders has for its reads and work,
+// retries included; sell starts no write past it. Each order's work delay
+// is paid inside the batch: the bound grows with it, or a large batch
+// would time out as a whole.
+func (s *Service) batchBound(n int) time.Duration {
+	return writeTimeout + time.Duration(n)*s.cfg.WorkDelay
+}
+
+// answerSlack is the margin of WriteTimeout over the sum of the bounds it
+// counts: scheduling on a loaded machine, encoding the answer.
+const answerSlack = 5 * time.Second
+
+// WriteTimeout is the time from a request's headers to its answer's last
+// byte that the server running the handler must allow
+// (http.Server.WriteTimeout, as cmd/orderd sets it, and its graceful
+// shutdown waits as long): a connection closed sooner could lose the
+// answer of an order that committed, and a client without a key would
+// buy again. It is the sum of what may come in turn: the body's read
+// (ReadTimeout), the request's time (RequestTimeout; a queued order that
+// reaches it leaves its queue, unwritten), and once a batch has taken
+// the order its whole bound: reads and work (batchBound of BatchMax
+// orders, retries included), the last write begun within it
+// (writeTimeout), its settling (refused: afterCommitTimeout), the release
+// (afterCommitTimeout). A batch of BatchMax orders of WorkDelay each
+// therefore lengthens it by BatchMax·WorkDelay.
+func (s *Service) WriteTimeout() time.Duration {
+	return s.ReadTimeout() + s.cfg.RequestTimeout +
+		s.batchBound(s.cfg.BatchMax) + writeTimeout + 2*afterCommitTimeout + answerSlack
+}
+
+// result is the line's answer once sell has run. A line left with
+// neither an order nor an error is a bug in sell, and is never sent as a
+// sale: it is logged as one and answered as an unanticipated failure.
+func (s *Service) result(l *line) outcome {
+	if !l.answered() {
+		s.log.Error("order left unanswered by its batch", "sku", l.req.SKU, "key", l.req.Key)
+		return outcome{err: errUnanswered}
+	}
+	return l.out
+}
+
+// errUnanswered is the answer of an order its batch left unanswered.
+var errUnanswered = errors.New("the batch left the order unanswered")
 
 // waiting reports whether orders wait for sku, and ends the drain (removes
 // the SKU) when none do.

@@ -273,7 +273,8 @@ func (s *Service) placeOnce(ctx context.Context, req Request) (Order, bool, erro
 	if s.locker == nil {
 		l := &line{req: req}
 		s.sell(ctx, nil, []*line{l}, false)
-		return l.out.order, l.out.replayed, l.out.err
+		r := s.result(l)
+		return r.order, r.replayed, r.err
 	}
 	// No lock, and no lock state on any server, for a SKU that does not
 	// exist: random SKUs must not grow Redis keys or lock rows.
@@ -314,6 +315,9 @@ func answer(lines []*line, err error) {
 // reads the stock from MySQL, not the cache.
 func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, fresh bool) {
 	sku, first := batch[0].req.SKU, batch[0].req
+	// A retry's lines may still carry the answers of the try before: none
+	// of them holds once the batch sells again.
+	answer(batch, nil)
 
 	// 3. stock from the cache
 	read := s.stock
@@ -361,6 +365,15 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, 
 	// lost lease (Kleppmann, "How to do distributed locking", 2016); that is
 	// what the guards in step 6 are for.
 	if err := s.beforeWrite(lost(lease), "write"); err != nil {
+		answer(batch, err)
+		return
+	}
+	// No write starts past the batch's (or the request's) bound: a taken
+	// order's answer is due within Service.WriteTimeout, which counts on
+	// it. (Checked after the Lost check, whose answer says more, and
+	// before the fault hook: the lab's pauses there must still end in a
+	// write, as a real pause would.)
+	if err := ctx.Err(); err != nil {
 		answer(batch, err)
 		return
 	}
@@ -523,6 +536,10 @@ func (s *Service) write(ctx context.Context, orders []storage.Order, seen invent
 func (s *Service) refused(ctx context.Context, batch, filled []*line, orders []storage.Order, lease locking.Lease, err error) (again []*line) {
 	sku := filled[0].req.SKU
 	answer(filled, err)
+	// A fresh bounded context: the write's own may be what ran out, and
+	// the refresh and the lookups below are what settles the answers.
+	ctx, cancel := afterCommit(ctx)
+	defer cancel()
 	switch {
 	case errors.Is(err, storage.ErrConflict):
 		// Our read was stale: refresh the cache from MySQL so the retry
@@ -566,10 +583,7 @@ func (s *Service) refused(ctx context.Context, batch, filled []*line, orders []s
 		// before the write, and the transaction committed all or none.
 		// Either way the cache entry must not outlive the doubt, or the
 		// next holder trusts a stale stock; the lock is still ours, so the
-		// refresh reads what the next holder will see. A fresh context:
-		// the write's own may be what ran out.
-		ctx, cancel := afterCommit(ctx)
-		defer cancel()
+		// refresh reads what the next holder will see.
 		s.refresh(ctx, sku, lease)
 		if _, lerr := s.store.Order(ctx, orders[0].ID); lerr == nil {
 			s.log.Warn("write reported failed but committed", "sku", sku, "orders", len(orders), "err", err)

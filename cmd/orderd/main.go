@@ -38,10 +38,6 @@ const (
 	// startTimeout bounds connecting to every server and migrating (which
 	// may wait up to 30s for another replica's migration).
 	startTimeout = 45 * time.Second
-	// answerGrace is how long an order may outlive its request timeout:
-	// its commit and the steps after it run on bounded contexts of their
-	// own (order/service.go: writeTimeout, afterCommitTimeout).
-	answerGrace = 15 * time.Second
 )
 
 // lockVar names the variable that points a lock backend at its servers,
@@ -187,10 +183,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		// in-flight slot meanwhile: a request takes one once its body is
 		// read (order/limit.go).
 		ReadTimeout: svc.ReadTimeout(),
-		// The answer's bound: the request timeout, and the commit's own
-		// bounded time past it (an order's outcome never depends on the
-		// client's connection).
-		WriteTimeout: cfg.RequestTimeout + answerGrace,
+		// The answer's bound: the request's time, and the bounded time
+		// past it of the batch that took the order, which grows with
+		// OVERSOLD_BATCH_MAX·OVERSOLD_WORK_DELAY (an order's outcome never
+		// depends on the client's connection, and its answer must reach it).
+		WriteTimeout: svc.WriteTimeout(),
 		IdleTimeout:  2 * time.Minute,
 		ErrorLog:     slog.NewLogLogger(base.Handler(), slog.LevelWarn),
 	}
@@ -205,10 +202,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	// An order admitted just before the signal may take its whole request
-	// time and the grace after it: cutting it sooner could drop an answer
-	// whose commit landed.
-	shutdownTimeout := cfg.RequestTimeout + answerGrace
+	// An order admitted just before the signal may take as long as its
+	// answer's bound: cutting it sooner could drop an answer whose commit
+	// landed.
+	shutdownTimeout := svc.WriteTimeout()
 	log.Info("shutting down: finishing in-flight orders", "timeout", shutdownTimeout.String())
 	sctx, cancelShutdown := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancelShutdown()

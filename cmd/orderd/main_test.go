@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -116,6 +117,10 @@ func TestBinary(t *testing.T) {
 		t.Parallel()
 		gateRefuses(t, bin)
 	})
+	t.Run("answers a long batch through shutdown", func(t *testing.T) {
+		t.Parallel()
+		answersLongBatch(t, bin)
+	})
 }
 
 // gateRefuses runs the real orderd with the stock gate: a SKU of stock 2
@@ -123,30 +128,9 @@ func TestBinary(t *testing.T) {
 // short by oversold_gate_total; a replay is 200 and takes nothing.
 func gateRefuses(t *testing.T, bin string) {
 	const token = "e2e-gate"
-	cmd := command(bin, "OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=e2e-gate",
+	base := startOrderd(t, command(bin, "OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=e2e-gate",
 		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t), "OVERSOLD_REDIS_ADDR="+testbed.Redis(t),
-		"OVERSOLD_LOCK=none", "OVERSOLD_GUARD=atomic", "OVERSOLD_GATE=redis", "OVERSOLD_ADMIN_TOKEN="+token)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	var base string
-	sc := bufio.NewScanner(stderr)
-	for sc.Scan() {
-		var line map[string]any
-		if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == "orderd listening" {
-			base = "http://" + line["addr"].(string)
-			break
-		}
-	}
-	if base == "" {
-		t.Fatal("orderd exited before listening")
-	}
-	go io.Copy(io.Discard, stderr)
+		"OVERSOLD_LOCK=none", "OVERSOLD_GUARD=atomic", "OVERSOLD_GATE=redis", "OVERSOLD_ADMIN_TOKEN="+token))
 	client := &http.Client{Timeout: 30 * time.Second}
 	do := func(method, path, body string, header ...string) (int, string) {
 		t.Helper()
@@ -322,6 +306,87 @@ func servesAndDrains(t *testing.T, bin string) {
 	if _, err := (&net.Dialer{Timeout: time.Second}).DialContext(context.Background(), "tcp", strings.TrimPrefix(base, "http://")); err == nil {
 		t.Errorf("still accepting connections after exit")
 	}
+}
+
+// answersLongBatch: with 1s of work per order, 24 orders sent at once are
+// answered in about 24s, past the request timeout (5s) and 15s more: the
+// batches that took them run that long. orderd gets SIGTERM once every
+// order is taken. Each order must still get its answer, 201, and orderd
+// exit 0: neither the server's write timeout nor its shutdown deadline
+// may cut a batch short of its answers (a client without a key would buy
+// again).
+func answersLongBatch(t *testing.T, bin string) {
+	const token, n = "e2e-token", 24
+	cmd := command(bin,
+		"OVERSOLD_ADDR=127.0.0.1:0",
+		"OVERSOLD_INSTANCE=e2e-batch",
+		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t),
+		"OVERSOLD_REDIS_ADDR="+testbed.Redis(t),
+		"OVERSOLD_LOCK=local",
+		"OVERSOLD_WORK_DELAY=1s",
+		"OVERSOLD_LOCK_WAIT=4s",
+		"OVERSOLD_REQUEST_TIMEOUT=5s",
+		"OVERSOLD_ADMIN_TOKEN="+token,
+	)
+	base := startOrderd(t, cmd)
+	put(t, base, token, "long", 100)
+	client := &http.Client{Timeout: 3 * time.Minute} // longer than the batches
+	order := func(key string) (int, error) {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/orders", strings.NewReader(`{"sku":"long","quantity":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		res, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer res.Body.Close()
+		_, err = io.ReadAll(res.Body)
+		return res.StatusCode, err
+	}
+
+	begin := time.Now()
+	codes := make([]int, n)
+	errs := make([]error, n)
+	ready := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-ready
+			codes[i], errs[i] = order(fmt.Sprintf("long-%02d", i))
+		})
+	}
+	close(ready)
+	for deadline := time.Now().Add(30 * time.Second); batched(t, base) < n; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %v of %d orders taken by a batch after 30s", batched(t, base), n)
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	t.Logf("answered within %v", time.Since(begin).Round(time.Second))
+	for i := range n {
+		if errs[i] != nil || codes[i] != http.StatusCreated {
+			t.Errorf("order %d: %d %v, want 201", i, codes[i], errs[i])
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("orderd exited with %v, want status 0", err)
+	}
+}
+
+// batched is how many orders the replica's batches have taken.
+func batched(t *testing.T, base string) float64 {
+	t.Helper()
+	for line := range strings.Lines(metrics(t, base)) {
+		if strings.HasPrefix(line, "oversold_batch_orders_sum{") {
+			var v float64
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			return v
+		}
+	}
+	return 0
 }
 
 // lockGrants is the replica's count of lock waits that ended.

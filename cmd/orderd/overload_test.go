@@ -200,21 +200,37 @@ func stalledBodies(t *testing.T, bin string) {
 	}
 }
 
-// requestDeadline: an order whose work (3s) outlasts OVERSOLD_REQUEST_TIMEOUT
-// (2s) is answered 503 unavailable, and sells nothing (without the
-// deadline it would be 201).
+// requestDeadline: OVERSOLD_REQUEST_TIMEOUT (2s) bounds an order's wait
+// for its SKU: an order queued behind another's work (3s) is answered 503
+// unavailable on its deadline and sells nothing (without the deadline it
+// would wait on, for a lock_timeout). The order a batch has taken is answered with the batch's
+// outcome, past the timeout: 201, committed (a 503 after its commit would
+// tell its client to buy again).
 func requestDeadline(t *testing.T, bin string) {
 	const token = "deadline-token"
 	base := startOrderd(t, command(bin, "OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=deadline",
 		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t), "OVERSOLD_REDIS_ADDR="+testbed.Redis(t), "OVERSOLD_LOCK=local",
 		"OVERSOLD_LOCK_WAIT=1s", "OVERSOLD_REQUEST_TIMEOUT=2s", "OVERSOLD_WORK_DELAY=3s", "OVERSOLD_ADMIN_TOKEN="+token))
 	put(t, base, token, "late-1", 10)
+	taken := make(chan int, 1)
+	go func() {
+		code, _, _ := postOrder(base, "late-1", 1, "")
+		taken <- code
+	}()
+	for deadline := time.Now().Add(20 * time.Second); batched(t, base) < 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first order was not taken by a batch in 20s")
+		}
+	}
 	code, _, body := postOrder(base, "late-1", 1, "")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, `"unavailable"`) {
-		t.Errorf("an order past its deadline: %d %s, want 503 unavailable", code, body)
+		t.Errorf("an order queued past its deadline: %d %s, want 503 unavailable", code, body)
 	}
-	if stock := inventoryStock(t, base, "late-1"); stock != 10 {
-		t.Errorf("stock %d after an order past its deadline, want 10", stock)
+	if code := <-taken; code != http.StatusCreated {
+		t.Errorf("the order taken before its deadline: %d, want 201", code)
+	}
+	if stock := inventoryStock(t, base, "late-1"); stock != 9 {
+		t.Errorf("stock %d, want 9: the taken order's alone", stock)
 	}
 }
 
