@@ -5,7 +5,8 @@
 // # How it works
 //
 // A key k lives at "lock:{k}" (the prefix is configurable). Acquire runs one
-// Lua script: SET lock owner NX PX ttl, with a random 128-bit owner, and on
+// Lua script: SET lock owner NX PX ttl, with an owner made of the Locker's
+// id and 128 random bits, and on
 // success INCR of the counter "lock:{k}:fence", whose value is the lease's
 // fencing token. The hash tag {k} keeps the lock, its counter and its
 // channel in one Cluster slot. A granted lease is renewed every TTL/3 by a
@@ -87,6 +88,14 @@
 //     replica's fence counter may be behind too, so a token can be handed out
 //     twice. A storage guard "fence < token" then refuses the repeated token:
 //     the second writer fails (lock lost), it does not overwrite.
+//   - A failover can lose a release too: a lease granted before the replica
+//     stopped receiving writes and released after leaves its key on the
+//     promoted replica, held by nobody, for the rest of its PX (up to a
+//     TTL). A waiter of the Locker that released it knows the owner has
+//     ended (its id starts the owner; no lease and no Acquire of the Locker
+//     holds it) and releases the key again, handing the lock on. A key left
+//     by another Locker's lost release, if that Locker never waits on the
+//     key, lapses with its PX, as that of a holder that died.
 //   - Redis expires keys by its wall clock: a clock jumping forward on the
 //     server ends leases early. The token catches that case as well.
 //   - Redis unreachable: Acquire fails with locking.ErrUnavailable, renewals
@@ -195,6 +204,7 @@ type Locker struct {
 	mu      sync.Mutex
 	shards  map[*redis.Client]*waitq.Notifier // per Cluster master's node client
 	leases  map[*lease]struct{}               // live leases, ended by Close
+	owners  map[string]struct{}               // owners that may be held: see abandoned
 	closed  bool
 	closing chan struct{}
 }
@@ -210,6 +220,7 @@ func New(client redis.UniversalClient, cfg Config) *Locker {
 		life:    strconv.FormatInt(cfg.queueLife().Milliseconds(), 10),
 		shards:  make(map[*redis.Client]*waitq.Notifier),
 		leases:  make(map[*lease]struct{}),
+		owners:  make(map[string]struct{}),
 		closing: make(chan struct{}),
 	}
 	if _, ok := client.(*redis.ClusterClient); ok {
@@ -299,8 +310,19 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	default:
 	}
 	n := waitq.NamesOf(l.cfg.Prefix, key)
-	owner := waitq.NewOwner()
+	owner := l.newOwner()
+	granted := false
+	defer func() {
+		if !granted { // after the undo, if any: the owner is in no key now
+			l.ended(owner)
+		}
+	}()
 	member := waitq.HandoffMember(l.id, owner, l.cfg.handoff()) // our place in the queue
+	grant := func(token uint64, sent time.Time, px time.Duration) (locking.Lease, error) {
+		s, err := l.grant(ctx, key, n, owner, token, sent, px)
+		granted = err == nil
+		return s, err
+	}
 	nt, err := l.notifierFor(ctx, n)
 	if err != nil {
 		return nil, fmt.Errorf("acquire %q: %w", key, err)
@@ -326,6 +348,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	}()
 	repick := false             // the last wait ended with no wake-up
 	moved, movedTo := false, "" // the last wait's node no longer serves the slot
+	suspect := ""               // an ended owner of this Locker the last try found in the key
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			if attempt > 0 { // queued by the last try, or handed the lock
@@ -368,7 +391,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			repick, moved = false, false
 		}
 		sent := time.Now()
-		token, wait, fence, ahead, err := l.try(ctx, n, owner, member)
+		token, wait, fence, ahead, holder, err := l.try(ctx, n, owner, member)
 		if err != nil {
 			// The SET may have happened with its reply lost: remove it.
 			l.undo(ctx, n, owner, member)
@@ -381,7 +404,24 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 			if w != nil {
 				w.Drain() // this grant used up the release we were told of
 			}
-			return l.grant(ctx, key, n, owner, token, sent, l.cfg.TTL)
+			return grant(token, sent, l.cfg.TTL)
+		}
+		if l.abandoned(holder) {
+			// A lease of this Locker that has ended holds the key. The try
+			// may have run just before the lease's release did: try again
+			// at once. If the key still holds it, its release was lost (a
+			// failover to a replica that had not received it keeps the key
+			// for the rest of its PX, up to a TTL), or failed. Nobody
+			// holds that owner or ever will: release it again, which hands
+			// the lock on, and try again.
+			if holder != suspect {
+				suspect = holder
+				continue
+			}
+			suspect = ""
+			if ok, err := l.release(ctx, n, holder, ""); err == nil && ok {
+				continue
+			}
 		}
 		woken := (<-chan struct{})(nil)
 		switch {
@@ -410,7 +450,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		case <-woken:
 			if token, px, ok := l.handedOver(w, fence, sent); ok {
 				w.Drain()
-				return l.grant(ctx, key, n, owner, token, sent, px)
+				return grant(token, sent, px)
 			}
 			moved, movedTo = w.Moved()
 		case <-timer.C:
@@ -429,28 +469,65 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 // granted (or had been handed to owner), or else how long to wait at most
 // before the next try: the holder's remaining TTL, or the first waiter's
 // liveness (negative if unknown), the fence counter's value when the
-// script ran, which a lock handed over later exceeds, and how many waiters
-// are queued ahead.
-func (l *Locker) try(ctx context.Context, n waitq.Names, owner, member string) (token uint64, wait time.Duration, fence uint64, ahead int64, err error) {
+// script ran, which a lock handed over later exceeds, how many waiters
+// are queued ahead, and the holder's owner ("" if the lock is free).
+func (l *Locker) try(ctx context.Context, n waitq.Names, owner, member string) (token uint64, wait time.Duration, fence uint64, ahead int64, holder string, err error) {
 	res, err := scripts.Acquire.Run(ctx, l.client, []string{n.Lock, n.Queue, n.Alive, n.Fence}, owner, l.ttl, member, l.life, "", n.Wake, "", l.sharded, "g").Slice()
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, "", err
 	}
 	granted, count, ok := reply(res)
 	switch {
 	case !ok:
-		return 0, 0, 0, 0, fmt.Errorf("acquire script returned %v", res)
+		return 0, 0, 0, 0, "", fmt.Errorf("acquire script returned %v", res)
 	case !granted:
 		if len(res) > 4 {
 			f, _ := res[3].(int64)
 			ahead, _ = res[4].(int64)
 			fence = uint64(max(f, 0))
 		}
-		return 0, time.Duration(count) * time.Millisecond, fence, max(ahead, 0), nil
+		if len(res) > 2 {
+			holder, _ = res[2].(string)
+		}
+		return 0, time.Duration(count) * time.Millisecond, fence, max(ahead, 0), holder, nil
 	case count <= 0:
-		return 0, 0, 0, 0, fmt.Errorf("fence counter %s is %d, not positive", n.Fence, count)
+		return 0, 0, 0, 0, "", fmt.Errorf("fence counter %s is %d, not positive", n.Fence, count)
 	}
-	return uint64(count), 0, 0, 0, nil
+	return uint64(count), 0, 0, 0, "", nil
+}
+
+// newOwner returns a new owner value of this Locker: its id, then 128
+// random bits (an owner check cannot mistake another holder, or another
+// try, for this one). It counts as held (abandoned is false) until ended.
+func (l *Locker) newOwner() string {
+	owner := l.id + "-" + waitq.NewOwner()
+	l.mu.Lock()
+	l.owners[owner] = struct{}{}
+	l.mu.Unlock()
+	return owner
+}
+
+// ended says that owner is in no key any more, or ought not to be: its
+// Acquire failed after its undo, or its lease's release was sent.
+func (l *Locker) ended(owner string) {
+	l.mu.Lock()
+	delete(l.owners, owner)
+	l.mu.Unlock()
+}
+
+// abandoned tells whether holder, the owner in a lock key, is one of this
+// Locker that has ended: no lease holds it, and no Acquire can grant it
+// any more (a lock handed to a waiter that has not heard it yet is still
+// its Acquire's). Its key is left over from a release that was lost (or a
+// failed undo), and may be released by anyone.
+func (l *Locker) abandoned(holder string) bool {
+	if !strings.HasPrefix(holder, l.id+"-") {
+		return false // another Locker's, or none
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, held := l.owners[holder]
+	return !held
 }
 
 // handedOver reports whether a release handed this waiter the lock (direct
@@ -609,6 +686,7 @@ func (s *lease) Release(ctx context.Context) error {
 		defer cancel()
 	}
 	ok, err := s.l.release(ctx, s.names, s.owner, "")
+	s.l.ended(s.owner) // only now: a waiter must not release it under us
 	switch {
 	case err != nil:
 		return fmt.Errorf("release %q: %w: %w", s.key, locking.ErrUnavailable, err)
