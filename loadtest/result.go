@@ -184,8 +184,11 @@ func (r Result) Name() string {
 }
 
 // Config is the run's configuration, what a team would choose:
-// "redis/fencing", without the fault or the workload.
+// "redis/fencing" or "none/atomic+gate", without the fault or the workload.
 func (r Result) Config() string {
+	if r.Gate != "" {
+		return r.Backend + "/" + r.Guard + "+gate"
+	}
 	return r.Backend + "/" + r.Guard
 }
 

@@ -200,3 +200,17 @@ func TestSummaryHistory(t *testing.T) {
 		t.Errorf("no run checked: %q, want no sentence", got)
 	}
 }
+
+// TestConfigNamesTheGate: a gated run is another configuration than the
+// same lock and guard without the gate, so the pick never credits one with
+// the other's fault runs.
+func TestConfigNamesTheGate(t *testing.T) {
+	plain := Result{Backend: "none", Guard: "atomic"}
+	gated := Result{Backend: "none", Guard: "atomic", Gate: "redis", Fault: "redis-restart"}
+	if plain.Config() == gated.Config() {
+		t.Fatalf("none/atomic and its gated run share the configuration %q", plain.Config())
+	}
+	if got := gated.Config(); got != "none/atomic+gate" {
+		t.Errorf("gated Config %q, want none/atomic+gate", got)
+	}
+}
