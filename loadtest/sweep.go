@@ -183,7 +183,7 @@ func (s Sweep) writeMatrix(w io.Writer, cell func(name string, c Cell) string) {
 	}
 }
 
-// HotCell is where the end-to-end goal is set: one hot SKU, three
+// HotCell is where the end-to-end goal is set: one hot SKU, three
 // replicas; GoalRatio is the redis backend's goal there.
 var HotCell = Cell{Replicas: 3, SKUs: 1}
 

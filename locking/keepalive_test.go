@@ -121,7 +121,7 @@ func TestKeepaliveLostWhileRenewalHangs(t *testing.T) {
 
 // A failure callback that blocks (a metrics sink or logger stuck on a full
 // pipe) must not hold Lost open past the lease's validity for a holder
-// already waiting on it (review-8 R8-6: onFail ran under the lock the
+// already waiting on it (before, onFail ran under the lock the
 // expiry alarm takes).
 func TestKeepaliveLostWhileOnFailBlocks(t *testing.T) {
 	const ttl = 150 * time.Millisecond
@@ -211,10 +211,10 @@ func TestKeepaliveFirst(t *testing.T) {
 }
 
 // A renewal that answers just as the validity ends, racing its expiry
-// alarm, does not leave Lost closed on a lease it extended (review-7
-// R7-4): 2000 leases whose first renewal answers success (as a reply read
-// at its deadline) between 0.3 ms before and 0.1 ms after the validity's
-// end, and whose next renewal hangs. Each Lost must close only once the
+// alarm, does not leave Lost closed on a lease it extended: 2000 leases
+// whose first renewal answers success (as a reply read at its deadline)
+// between 0.3 ms before and 0.1 ms after the validity's end, and whose next
+// renewal hangs. Each Lost must close only once the
 // validity is over. When the alarm closed Lost without looking, 509-847
 // of the 2000 closed while a renewal had just extended the validity.
 func TestExpiryAlarmHonoursARenewal(t *testing.T) {

@@ -303,8 +303,9 @@ func TestBatchOutlivesItsRequests(t *testing.T) {
 	s := f.service(locker, order.Config{Lock: "redis", Guard: storage.GuardVersion,
 		LockWait: time.Second, RequestTimeout: 2 * time.Second, WorkDelay: 100 * time.Millisecond})
 	// Another replica holds the lock while the orders queue, so that they
-	// make one batch of 4s of work, as a first small batch made it in the
-	// review; it lets go once all have queued, within their lock wait.
+	// make one batch of 4s of work, as a first small batch made it when the
+	// fault was found; it lets go once all have queued, within their lock
+	// wait.
 	lease := f.holdLock("bo-hot")
 	recs := make([]*httptest.ResponseRecorder, clients)
 	start := make(chan struct{})

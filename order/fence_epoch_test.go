@@ -16,10 +16,11 @@ import (
 	"github.com/oversold-lab/oversold/storage"
 )
 
-// TestOldBackendStragglerRefused is review-3 F3 on real ZooKeeper, Redis
-// and MariaDB, under guard fencing: a zookeeper replica (zxid tokens)
-// wrote the SKU, then froze past the liveness window (its row gone, as a
-// lapsed one), and the fleet moved to redis (a counter from 1 per key).
+// TestOldBackendStragglerRefused is TestStaleBackendRefused (storage) on
+// real ZooKeeper, Redis and MariaDB, under guard fencing: a zookeeper
+// replica (zxid tokens) wrote the SKU, then froze past the liveness window
+// (its row gone, as a lapsed one), and the fleet moved to redis (a counter
+// from 1 per key).
 // When the straggler comes back, its order, reset and hold are refused
 // with 409 lock_lost, nothing written; the redis replica's orders, resets
 // and holds pass before and after it tried. Before the fence epoch, the
@@ -126,8 +127,8 @@ func TestEpochRefreshedAfterARoundTrip(t *testing.T) {
 	}
 }
 
-// TestSupersededStragglerLeavesTheBalancer is review-5 R5-1: a zookeeper
-// replica frozen past the liveness window (its row lapsed, not removed, so
+// TestSupersededStragglerLeavesTheBalancer: a zookeeper replica frozen past
+// the liveness window (its row lapsed, not removed, so
 // it keeps its older started_at) while the fleet moved to redis comes back
 // and heartbeats again. The redis replicas stay ready; the straggler
 // itself is unready, naming the fences' backend. Before, its live row made every redis replica's /readyz 503

@@ -17,7 +17,7 @@ import (
 	"github.com/oversold-lab/oversold/storage"
 )
 
-// TestNewLockServersGetANewEpoch is review-5 R5-3 on real servers, guard
+// TestNewLockServersGetANewEpoch, on real servers, guard
 // fencing, one lock name throughout: the fleet's lock servers count their
 // tokens past 30 for a SKU, and an order leaves a fence there. Restarted
 // with their data, the servers keep the epoch (no needless new one) and

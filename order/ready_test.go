@@ -180,7 +180,7 @@ func TestLockSwitchResetsFences(t *testing.T) {
 // fails (here its ctx ends while another session holds meta's rows) takes
 // its announcement back, as a refused newcomer does: a row left behind
 // would count as a live replica for 15 s and refuse newcomers with other
-// settings (review-8 R8-8).
+// settings.
 func TestFailedAdoptionLeavesNoRow(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)

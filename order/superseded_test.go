@@ -20,7 +20,7 @@ import (
 // (every 5 s) reads the fences, with room for a loaded machine.
 const withdrawWithin = 20 * time.Second
 
-// TestSupersededStragglerWithdraws is review-6 R6-2: a zookeeper replica
+// TestSupersededStragglerWithdraws: a zookeeper replica
 // frozen past the liveness window while the fleet moved to redis comes
 // back with its own heartbeat running. Its next heartbeat finds the fences
 // at redis's later epoch: it removes its row, heartbeats no more, and
@@ -66,7 +66,7 @@ func TestSupersededStragglerWithdraws(t *testing.T) {
 	}
 }
 
-// TestGuardStragglerWithdraws is review-6 R6-6: the fleet moves from guard
+// TestGuardStragglerWithdraws: the fleet moves from guard
 // version to guard fencing on the same lock (redis) while a version
 // replica is frozen past the liveness window. When it comes back, older
 // than every fencing replica, the fencing replicas stay ready and it is
@@ -90,7 +90,7 @@ func TestGuardStragglerWithdraws(t *testing.T) {
 	}
 }
 
-// TestLostAdoptionAdoptedAgain is review-6 R6-1: the adoption of a switch
+// TestLostAdoptionAdoptedAgain: the adoption of a switch
 // to redis is lost (a failover to an asynchronous replica that had not
 // applied it, or a restore): meta names etcd at epoch 0 again, the redis
 // replica carries epoch 2 and has written fences at it. Its next heartbeat
@@ -197,7 +197,7 @@ func wantSuperseded(t *testing.T, f *fixture, s *order.Service, instance, why st
 	}
 }
 
-// TestStragglerCannotCreateASKU is review-6 R6-5: a zookeeper replica
+// TestStragglerCannotCreateASKU: a zookeeper replica
 // frozen while the fleet moved to redis (epoch 1) comes back and is asked
 // to create a SKU (admin tools may address a replica directly): 409
 // lock_lost, nothing created, so it has nothing of its own to sell on.
@@ -237,12 +237,12 @@ func TestStragglerCannotCreateASKU(t *testing.T) {
 	wantInv(t, h, "fresh", 9, 0)
 }
 
-// TestWithdrawnReplicaRefusesWrites is review-7 R7-2: a replica of guard
-// none, superseded by a switch to fencing, withdraws; a client that still
-// addresses it directly gets 409 lock_lost for an order, a hold, a reset,
-// a confirm and a cancel (the last two of the fleet's holds: review-8
-// R8-5), and nothing changes. Before, its order under guard none was 201
-// (MySQL compares no fence under that guard) beside the fleet's.
+// TestWithdrawnReplicaRefusesWrites: a replica of guard none, superseded
+// by a switch to fencing, withdraws; a client that still addresses it
+// directly gets 409 lock_lost for an order, a hold, a reset, a confirm and
+// a cancel (the last two of the fleet's holds), and nothing changes.
+// Before, its order under guard none was 201 (MySQL compares no fence under
+// that guard) beside the fleet's.
 func TestWithdrawnReplicaRefusesWrites(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -293,7 +293,7 @@ func (f *fixture) guardSwitch(instance string, old storage.Guard) (straggler, cu
 	return straggler, cur
 }
 
-// TestWithdrawnReplicaStaysUnready is review-8 R8-2: a replica withdrawn
+// TestWithdrawnReplicaStaysUnready: a replica withdrawn
 // by a move to guard fencing stays unready when the fleet moves back to
 // its settings (a rollback): it heartbeats no more and refuses every
 // write, so a 200 would put a replica that answers only 409 back in the
@@ -322,7 +322,7 @@ func TestWithdrawnReplicaStaysUnready(t *testing.T) {
 	wantCode(t, call(back.Handler(), http.MethodGet, "/readyz", ""), http.StatusOK, "")
 }
 
-// TestWithdrawalStopsAWriteInFlight is review-8 R8-5: an order of a guard
+// TestWithdrawalStopsAWriteInFlight: an order of a guard
 // none replica that passed the entry check, holds the lock and has read,
 // waits (the fault hook) while the fleet moves to fencing and the replica
 // withdraws. Let go, it must not write: 409 lock_lost, no order, the stock

@@ -14,10 +14,10 @@ import (
 
 // TestAdoptFences: the fences (a SKU's, and the fences table's) move to a
 // new epoch when the fleet moves to another backend, to other servers
-// of the same one (another identity: review-5 R5-3, a new ensemble whose
-// zxids start below the old one's), or to another guard, and only then; a backend that comes
-// back gets a new epoch again, so its sweeper passes with a counter that
-// started again from 1. A database that recorded only the name (before
+// of the same one (another identity: a new ensemble whose zxids start
+// below the old one's), or to another guard, and only then; a backend that
+// comes back gets a new epoch again, so its sweeper passes with a counter
+// that started again from 1. A database that recorded only the name (before
 // identities) adopts the identity without a new epoch. Fences reads what
 // was adopted.
 func TestAdoptFences(t *testing.T) {
@@ -54,7 +54,7 @@ func TestAdoptFences(t *testing.T) {
 		{fleet("redis", "R", "fencing"), 2, true, 2, 0},
 		{fleet("redis", "R", "fencing"), 2, false, 2, 0},
 		{fleet("redis", "", "fencing"), 3, true, 3, 0}, // (a name alone is an identity too)
-		{fleet("redis", "", "version"), 4, true, 4, 0}, // a guard switch (review-6 R6-6)
+		{fleet("redis", "", "version"), 4, true, 4, 0}, // a guard switch
 		{fleet("zookeeper", "B", "fencing"), 5, true, 5, 0},
 	} {
 		epoch, reset, err := s.AdoptFences(ctx, step.fleet)
@@ -85,7 +85,7 @@ func TestAdoptFences(t *testing.T) {
 	}
 }
 
-// TestStragglerSweeperWithoutARow is review-5 R5-2: the fleet leaves
+// TestStragglerSweeperWithoutARow: the fleet leaves
 // zookeeper before any zookeeper sweeper expired anything, so no sweeper
 // fence row exists when the epoch moves. A straggler sweeper of zookeeper
 // (old epoch, any token) is still refused, writing nothing, and the new
@@ -119,7 +119,7 @@ func TestStragglerSweeperWithoutARow(t *testing.T) {
 	}
 }
 
-// TestReclaimFences is review-6 R6-1 in the store: meta that lost
+// TestReclaimFences, in the store: meta that lost
 // adoptions (a failover to an asynchronous replica, a restore) goes back
 // to the fleet that holds the fences, never below the epoch that fleet's
 // replica carries (its own fences would refuse it), and above meta's if
@@ -196,7 +196,7 @@ func TestReclaimFences(t *testing.T) {
 	}
 }
 
-// TestStaleBackendRefused is review-3 F3: after the fleet moved from
+// TestStaleBackendRefused: after the fleet moved from
 // zookeeper to redis, a zookeeper replica that was frozen past the
 // liveness window writes with its old epoch and a token far above any
 // fence (a czxid). Every fenced write of it (order, reset, hold, sweeper
@@ -279,7 +279,7 @@ func TestStaleBackendRefused(t *testing.T) {
 	}
 	straggle("after the new backend wrote", b)
 
-	// Nor can the straggler create a SKU (review-6 R6-5: it did, with its
+	// Nor can the straggler create a SKU (before, it did, with its
 	// own fence, and sold on it beside the new backend).
 	if _, err := s.PutInventory(ctx, storage.Put{SKU: "f3-new", Stock: 5, Epoch: old, Token: stale}); !errors.Is(err, storage.ErrStaleFence) {
 		t.Errorf("the straggler's creation of a SKU: %v, want %v", err, storage.ErrStaleFence)

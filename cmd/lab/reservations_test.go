@@ -12,8 +12,8 @@ import (
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
-// TestLabReservations: the reservations workload end to end, the storm of
-// the black-box check on every distributed backend (three orderd
+// TestLabReservations: the reservations workload end to end, a black-box
+// storm on every distributed backend (three orderd
 // processes, real MariaDB, Redis, Redis masters, ZooKeeper and etcd, guard
 // version): 24 clients at once, checkouts of 1 or 2 of 2 hot SKUs, the two
 // lines in random order, so both orders meet on the same rows; hold,

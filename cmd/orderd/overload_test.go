@@ -41,7 +41,7 @@ func TestOverload(t *testing.T) {
 
 // stalledBodies: 500 clients send the headers of a request with a body (an
 // order, a hold, a stock reset) and stall the body, more than the
-// in-flight cap (150 here; the issue met it at the default, 256). They take no slot: an
+// in-flight cap (150 here; the fault was found at the default, 256). They take no slot: an
 // ordinary order among them is 201 at once (before, every slot was taken
 // and it was 503 at once), and orderd disconnects each of them within 30 s,
 // under a request timeout longer than that (45 s here), selling them

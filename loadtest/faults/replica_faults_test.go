@@ -7,7 +7,7 @@ import (
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
-// TestPauseHolder checks issue 5's expectations for pause-holder: a holder
+// TestPauseHolder checks what pause-holder must show: a holder
 // frozen after its read and its one Lost check, before its write, past its
 // lease, makes two holders at once on every lease backend; with guard none
 // its resumed write loses an update (or oversells); guard fencing refuses

@@ -68,9 +68,9 @@ func TestRedisRestart(t *testing.T) {
 // TestRedisFailover: replication cut by its ACL user, a lock taken on the
 // master, the master killed, the replica promoted: a second replica takes
 // the same lock there while the first still holds it, every time, whatever
-// the guard (issue 5's acceptance). Guard none loses an update; fencing
-// refuses the promoted replica's repeated tokens and version the stale
-// write, and both keep every invariant.
+// the guard (the two holders this fault must show). Guard none loses an
+// update; fencing refuses the promoted replica's repeated tokens and
+// version the stale write, and both keep every invariant.
 func TestRedisFailover(t *testing.T) {
 	needServers(t, "sentinel")
 	for _, guard := range []string{"none", "fencing", "version"} {
@@ -97,8 +97,8 @@ func TestRedisFailover(t *testing.T) {
 }
 
 // TestRedlockNodeRestart: a granting node restarted at once makes a second
-// majority (issue 5's acceptance); guard version keeps the invariants; the
-// delayed restart (the control) makes no overlap at all.
+// majority (the two holders this fault must show); guard version keeps the
+// invariants; the delayed restart (the control) makes no overlap at all.
 func TestRedlockNodeRestart(t *testing.T) {
 	t.Run("redlock/none", func(t *testing.T) {
 		r := runFault(t, shortRedlock("redlock-node-restart", "none"))

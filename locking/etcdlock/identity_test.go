@@ -9,7 +9,7 @@ import (
 )
 
 // TestIdentity: locktest.Identity on etcd; a new cluster (whose revisions
-// start again from 1: review-5 R5-3) gives a new identity.
+// start again from 1) gives a new identity.
 func TestIdentity(t *testing.T) {
 	t.Parallel()
 	locktest.Identity(t, testbed.StartEtcd, testbed.Options{}, func(t *testing.T, addr string) locking.Locker {

@@ -13,9 +13,9 @@ import (
 	"github.com/oversold-lab/oversold/locking/mysqllock"
 )
 
-// What an Acquire whose ctx ends leaves behind when a grab is under way
-// (review-6 R6-9): neither case had a test, and the code for each could be
-// taken out with every test still passing.
+// What an Acquire whose ctx ends leaves behind when a grab is under way:
+// neither case had a test, and the code for each could be taken out with
+// every test still passing.
 
 // A grant won as the caller gives up is freed: the grab statement is never
 // abandoned halfway, so it can land just as ctx ends; its row must then be
@@ -100,9 +100,9 @@ WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO oversold_leases%' AND STATE LIK
 	}, res
 }
 
-// A waiter first in line whose ctx ended as it was woken sends no grab
-// (review-5 R5-6): a row it won would only be deleted again, a turn lost
-// to the next waiter. The test's hook ends ctx as the woken waiter's grab
+// A waiter first in line whose ctx ended as it was woken sends no grab: a
+// row it won would only be deleted again, a turn lost to the next waiter.
+// The test's hook ends ctx as the woken waiter's grab
 // begins; no grant may then be made, which the next token shows: every
 // grant in the test's database is the test's, and seq counts them all.
 func TestCancelledWaiterSendsNoGrab(t *testing.T) {

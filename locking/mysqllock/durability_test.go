@@ -13,8 +13,8 @@ import (
 )
 
 // A server that may lose a commit in a crash is refused, by OpenDB and by
-// a Locker's first Acquire (review-6 R6-7): tokens keep growing across
-// restarts only if the epoch bump survives one. Checked against a real
+// a Locker's first Acquire: tokens keep growing across restarts only if the
+// epoch bump survives one. Checked against a real
 // MariaDB with the binary log on, its settings changed with SET GLOBAL
 // (a private server: the shared one's settings are every test's).
 func TestUndurableServerRefused(t *testing.T) {
@@ -66,9 +66,9 @@ func TestUndurableServerRefused(t *testing.T) {
 	accepted("after the settings were restored")
 }
 
-// A running Locker checks the settings again when it makes a new boot row
-// (review-7 R7-5): a restarted or promoted server may not have the
-// settings its first Acquire saw. With sync_binlog set to 0 and the boot
+// A running Locker checks the settings again when it makes a new boot row:
+// a restarted or promoted server may not have the settings its first
+// Acquire saw. With sync_binlog set to 0 and the boot
 // row gone (what a promoted replica looks like), the next Acquire is
 // refused, naming the setting; before, it bumped the epoch and was granted.
 func TestDurabilityCheckedAtEachBoot(t *testing.T) {

@@ -11,9 +11,9 @@ import (
 )
 
 // The grace after a restart covers the longest TTL of any Locker on the
-// database, not only the TTL of the Locker that makes the boot row
-// (review-6 R6-8): during a rolling change of the TTL, a holder of 10 s
-// must have seen its Lost close before a Locker of 1 s is granted its key.
+// database, not only the TTL of the Locker that makes the boot row: during
+// a rolling change of the TTL, a holder of 10 s must have seen its Lost
+// close before a Locker of 1 s is granted its key.
 // The holder is cut off from the server at the restart (its connections
 // go through a proxy that then refuses them), as a paused or partitioned
 // holder would be, so its Lost closes only when its own lease runs out.

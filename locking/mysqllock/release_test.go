@@ -11,9 +11,9 @@ import (
 )
 
 // A holder whose queue connection died while it held the key (a KILL by an
-// operator or pt-kill, a proxy's reset) still frees the key on Release
-// (review-6 R6-3): the named lock died with the connection, and the row is
-// deleted through the pool. Before, Release ran its DELETE on the dead
+// operator or pt-kill, a proxy's reset) still frees the key on Release: the
+// named lock died with the connection, and the row is deleted through the
+// pool. Before, Release ran its DELETE on the dead
 // connection only, failed, and the key stayed blocked for the rest of its
 // lease (3.9 s of a 4 s TTL measured).
 func TestReleaseAfterQueueConnectionKilled(t *testing.T) {

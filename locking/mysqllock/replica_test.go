@@ -15,8 +15,8 @@ import (
 	"github.com/oversold-lab/oversold/locking/mysqllock"
 )
 
-// A primary with a GTID replica (review-4 M1). The lease and boot tables
-// are MEMORY tables: a replica's copies are empty after it restarts, so a
+// A primary with a GTID replica. The lease and boot tables are MEMORY
+// tables: a replica's copies are empty after it restarts, so a
 // release of a lease granted before the restart, were it in the binlog,
 // would find no row there and stop replication (1032; it did before the
 // fix). Then a failover to the replica: it has no boot row, so its first

@@ -7,11 +7,11 @@ import (
 	"github.com/oversold-lab/oversold/locking/mysqllock"
 )
 
-// Galera and Group Replication are refused with one error naming them
-// (review-4 M4): the lease table is MEMORY, which neither keeps exclusion
-// on. So is a server that may lose a commit in a crash (review-6 R6-7):
-// the epoch bump would be lost and tokens repeat. The variables are what
-// SHOW GLOBAL VARIABLES gives on each.
+// Galera and Group Replication are refused with one error naming them:
+// the lease table is MEMORY, which neither keeps exclusion on. So is a
+// server that may lose a commit in a crash: the epoch bump would be lost
+// and tokens repeat. The variables are what SHOW GLOBAL VARIABLES gives on
+// each.
 func TestUnsupportedSettings(t *testing.T) {
 	durable := func(vars map[string]string) map[string]string {
 		vars["innodb_flush_log_at_trx_commit"] = "1"

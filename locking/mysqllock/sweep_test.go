@@ -13,9 +13,9 @@ import (
 )
 
 // A full lease table (max_heap_table_size; here MAX_ROWS) of expired rows
-// (holders that died, releases that never arrived) must not stop the lock
-// (review-4 M2): the grab sweeps expired rows and tries again, also for a
-// key whose own expired row is there. Before the fix every Acquire failed
+// (holders that died, releases that never arrived) must not stop the lock:
+// the grab sweeps expired rows and tries again, also for a key whose own
+// expired row is there. Before the fix every Acquire failed
 // with 1114 until a restart. A table full of live leases fails with
 // ErrUnavailable saying so, not as a broken queue connection.
 func TestFullTableOfExpiredRows(t *testing.T) {
@@ -92,9 +92,9 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// A grant that lands while Close runs is freed at once, and Acquire fails
-// (review-4 M5): before, it returned a lease already Lost and the row kept
-// the key from everyone for a TTL. The grab is held up by a table lock
+// A grant that lands while Close runs is freed at once, and Acquire fails:
+// before, it returned a lease already Lost and the row kept the key from
+// everyone for a TTL. The grab is held up by a table lock
 // until Close has begun.
 func TestGrantDuringCloseIsFreed(t *testing.T) {
 	dsn := testbed.MySQL(t)

@@ -18,14 +18,14 @@ import (
 	"github.com/oversold-lab/oversold/locking/redislock"
 )
 
-// The Cluster tests of the shard Notifiers (review 3, F2, F4, F5). Their
+// The Cluster tests of the shard Notifiers. Their
 // fallback timers are minutes long: only a wake-up by SPUBLISH ends a wait
 // within the seconds they allow.
 var slowFallback = redislock.Config{TTL: time.Minute, MinBackoff: 10 * time.Minute, MaxBackoff: 10 * time.Minute}
 
 // An Acquire on a closed Locker, on a key another Locker holds, returns
 // ErrClosed and opens no shard subscription: no goroutine and no pub/sub
-// connection is left behind (review 3 F4: it made a Notifier that nobody
+// connection is left behind (before, it made a Notifier that nobody
 // closed, one connection and two goroutines per master for good).
 func TestClusterClosedLockerOpensNothing(t *testing.T) {
 	addrs := testbed.RedisCluster(t)
@@ -90,7 +90,7 @@ func pubsubClients(t *testing.T, addrs []string) int {
 // again, and both waiters are then woken by their releases' SPUBLISH.
 // One SSUBSCRIBE naming both channels would be refused (CROSSSLOT) and the
 // Notifier would restart in a loop for good, leaving every wait to its
-// fallback timer (review 3 F2).
+// fallback timer.
 func TestClusterNotifierResubscribesAcrossSlots(t *testing.T) {
 	addrs := testbed.RedisCluster(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -206,7 +206,7 @@ func waitShardChannels(t *testing.T, ctx context.Context, master *redis.Client, 
 // has its node client closed by go-redis; back at the same address (a
 // failback) it gets a new client. Waits on its slots must then be woken by
 // SPUBLISH again, through a Notifier on the new client: the one cached on
-// the closed client hears nothing (review 3 F5). The test takes a minute
+// the closed client hears nothing. The test takes a minute
 // and more, go-redis's delay before it closes a node's client. The master
 // leaves and comes back only in the waiter's slot map (ClusterOptions.
 // ClusterSlots names it by another address meanwhile); the server is real

@@ -18,7 +18,7 @@ import (
 )
 
 // TestClusterPubSubFanout measures, on a Redis Cluster of three masters
-// with a replica each, what one wake-up costs every node (seed 003: "every
+// with a replica each, what one wake-up costs every node (the claim: "every
 // node receives every PUBLISH"). It counts the publish messages each node
 // receives over the cluster bus (CLUSTER INFO cluster_stats_messages_
 // publish_received and _publishshard_received) for n PUBLISHes, n

@@ -19,7 +19,7 @@ import (
 // exceeds the fence counter its last try saw, and only if it hears it
 // within px/3 of that try; otherwise it confirms by a try. These tests
 // publish grants to a real waiting Locker while the key is another
-// holder's (review-4 R4): a waiter that trusts any grant fails both, one
+// holder's: a waiter that trusts any grant fails both, one
 // without the fence check fails the stale one, one without the time check
 // the late one. Each ends with a grant that passes both checks, which the
 // waiter must take: the refusals are the checks', not a grant never heard.

@@ -175,7 +175,7 @@ func TestHandoffMessageLost(t *testing.T) {
 // A lock handed to a waiter that died or stopped after its last try (its
 // place still live) blocks the key only for the waiter's handoff PX,
 // bounded by its place's life (queueLife, 2 s by default), not for its TTL
-// (review-4 R2: 10 s here before); then the next waiter gets it, with a
+// (10 s here before); then the next waiter gets it, with a
 // greater token. The dead waiter is a real Locker whose connections (its
 // tries and its subscription) are cut.
 func TestHandoffToDeadWaiter(t *testing.T) {

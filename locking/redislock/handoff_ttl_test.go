@@ -16,8 +16,8 @@ import (
 // Lockers with different TTLs share a server (a rolling config change): a
 // lock handed by a releaser with a short TTL to a waiter with a long one
 // must live on the server for as long as the waiter trusts it. No third
-// Locker may take the key while the waiter's Lost is open (review-4 R1:
-// the handed key lived for the releaser's 600 ms, the waiter trusted its
+// Locker may take the key while the waiter's Lost is open (before, the
+// handed key lived for the releaser's 600 ms, the waiter trusted its
 // own 10 s).
 func TestHandoffTTLMismatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)

@@ -12,8 +12,8 @@ import (
 
 // TestIdentity: locktest.Identity on a Redis that persists every write,
 // and a Redis that lost its data (FLUSHALL, as a restart without
-// persistence leaves it) gives a new identity: review-5 R5-3, whose
-// counters start again from 1 below the fences.
+// persistence leaves it) gives a new identity: its counters start again
+// from 1, below the fences.
 func TestIdentity(t *testing.T) {
 	t.Parallel()
 	persist := testbed.Options{Args: []string{"--appendonly", "yes", "--appendfsync", "always"}}

@@ -165,7 +165,7 @@ func hotKey(t *testing.T, lockers []*redlock.Locker, key string, d time.Duration
 // answers "no" at once for a whole TTL (another owner's stray key, as a
 // Release that reached only a majority leaves), node 0 "yes" at once, and
 // node 2's "yes", 6 ms away, decides: Acquire must get the lock, not cut
-// node 2 off on every attempt until its ctx ends (review 3, F9).
+// node 2 off on every attempt until its ctx ends.
 func TestQuorumHearsAFartherNode(t *testing.T) {
 	addrs := testbed.Redises(t, 3)
 	paths, proxies := proxied(t, addrs)

@@ -22,7 +22,7 @@ import (
 // An attempt abandoned while a node is stalled past the per-node timeout
 // must not leave its key or its waiter's place on that node: the undo and
 // the leave that end it are sent once the node's acquire request has ended,
-// and they get their own time from then (review 3, F6). Node 1 holds
+// and they get their own time from then. Node 1 holds
 // another owner's key (a "no"), node 2 is stopped for 250 ms (an fsync or
 // fork stall), and one Acquire gives up after 60 ms: before the fix the
 // undo and leave spent their timeout waiting behind the acquire request and
@@ -170,9 +170,9 @@ func leftOn(t *testing.T, c redis.UniversalClient, lock string) string {
 
 // A renewal renews every node it can reach, not just the majority that
 // answers first: the requests to slower nodes finish in the background
-// (bounded by the validity), and are not cut off when renew returns (review
-// 3, F7). Node 2 is 20 ms away and its client's idle connections go stale
-// (as after a reset): each renewal there dials and handshakes first, so a
+// (bounded by the validity), and are not cut off when renew returns. Node 2
+// is 20 ms away and its client's idle connections go stale (as after a
+// reset): each renewal there dials and handshakes first, so a
 // request cancelled with the majority's answer is never written, and node
 // 2's key would expire at the TTL while the lease lives on.
 func TestRenewalReachesSlowerNode(t *testing.T) {
@@ -264,7 +264,7 @@ func TestRenewalReachesSlowerNode(t *testing.T) {
 // retransmissions would; the client has given up on it after 60 ms and
 // closed that connection), while the undo and the leave go on a fresh
 // connection and arrive first. They bury the attempt's owner and the
-// waiter there, and the late acquire is refused (review 3, F6 (b)).
+// waiter there, and the late acquire is refused.
 // Without the tombstones the late acquire took the key for a TTL.
 func TestOvertakenAcquireRefused(t *testing.T) {
 	addrs := testbed.Redises(t, 3)

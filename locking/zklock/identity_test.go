@@ -13,7 +13,7 @@ import (
 )
 
 // TestIdentity: locktest.Identity on ZooKeeper; a new ensemble (whose
-// zxids may be below the old one's: review-5 R5-3) gives a new identity.
+// zxids may be below the old one's) gives a new identity.
 // The Root does not exist before the first call.
 func TestIdentity(t *testing.T) {
 	t.Parallel()
@@ -30,7 +30,7 @@ func TestIdentity(t *testing.T) {
 
 // TestIdentityUnavailable: a ZooKeeper that does not answer (paused) makes
 // Identity fail with ErrUnavailable once ctx ends, which orderd reports as
-// the setting naming the servers (review-8 R8-7: it returned the bare
+// the setting naming the servers (before, it returned the bare
 // context error, and orderd exited 1 without naming it).
 func TestIdentityUnavailable(t *testing.T) {
 	t.Parallel()

@@ -22,7 +22,7 @@ import (
 // back with a new session): the Locker must not take the dead node for the
 // new session's, or a lease granted on it, from a listing by a follower
 // that still shows the node, would pass its session check while the node
-// is gone (review 3, F8). Before the fix Enqueue reported the node as the
+// is gone. Before the fix Enqueue reported the node as the
 // new session's.
 func TestSessionChangeAfterCreate(t *testing.T) {
 	servers := testbed.ZooKeeper(t)

@@ -58,7 +58,7 @@ func (s script) nowMicros() int64 {
 }
 
 // A caller whose place makes it first in the queue of a free lock takes the
-// lock in that call (review 1, finding 1: the old script chose the head
+// lock in that call (the old script chose the head
 // before queueing the caller, refused it, and nobody woke it: the lock
 // stayed idle until its fallback timer).
 func TestEarlierPlaceTakesFreeLock(t *testing.T) {
@@ -106,7 +106,7 @@ func TestClientPlaceClamped(t *testing.T) {
 }
 
 // A queued member without liveness (the two sets diverged) is dropped, not
-// an error in the middle of the script (review 1, finding 6b).
+// an error in the middle of the script.
 func TestQueueWithoutLiveness(t *testing.T) {
 	s := newScript(t)
 	if err := s.c.ZAdd(context.Background(), s.n.Queue, redis.Z{Score: 1, Member: "ghost"}).Err(); err != nil {
@@ -124,7 +124,7 @@ func TestQueueWithoutLiveness(t *testing.T) {
 }
 
 // Keys with braces would break the hash tag that keeps a lock's keys in one
-// Cluster slot (review 1, finding 6a).
+// Cluster slot.
 func TestCheckKey(t *testing.T) {
 	for key, ok := range map[string]bool{"sku/A-1": true, "": false, "}x": false, "a{b}": false, "{": false} {
 		if err := waitq.CheckKey(key); (err == nil) != ok {

@@ -8,7 +8,7 @@ import (
 // The fallback wait never exceeds hi, however lo is scaled (redislock
 // scales it by the waiters ahead, up to 32 times) and whatever the limit:
 // a waiter's place in the queue lives 2*(hi+lo) after its last try, and a
-// wait past it loses the place (review-4 R3: with lo = hi, as
+// wait past it loses the place (before, with lo = hi, as
 // FallbackWait sets them, limit + rand(32 lo) reached 33 hi).
 func TestBackoffAtMostHi(t *testing.T) {
 	const hi = 100 * time.Millisecond

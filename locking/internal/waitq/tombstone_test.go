@@ -11,7 +11,7 @@ import (
 )
 
 // A Redlock undo or leave can reach a node before the acquire request it
-// ends, when the two travel on different connections (review 3, F6). With
+// ends, when the two travel on different connections. With
 // 't' the release buries the owner and the member for the TTL, and a late
 // acquire of either is refused without taking the key or a place; others
 // are not, and the tombstone lapses with the TTL.
