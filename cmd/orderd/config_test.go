@@ -150,7 +150,7 @@ func TestFlagNames(t *testing.T) {
 		got = append(got, flagName(s.env))
 	}
 	want := []string{"addr", "instance", "mysql-dsn", "redis-addr", "redlock-addrs", "zk-servers", "etcd-endpoints",
-		"lock", "guard", "lock-ttl", "lock-wait", "work-delay", "batch-max", "batch-wait", "reservation-ttl", "sweep-interval", "admin-token",
+		"lock", "guard", "gate", "lock-ttl", "lock-wait", "work-delay", "batch-max", "batch-wait", "reservation-ttl", "sweep-interval", "admin-token",
 		"max-in-flight", "request-timeout", "mysql-max-conns"}
 	if faultHooks {
 		want = append(want, "fault-hook")
