@@ -96,7 +96,7 @@ compose-demo: deps
 # The first run builds Kubernetes from the module proxy (about 15-20 minutes
 # on 2 cores); with the Go caches kept, a few minutes.
 k8s-demo: deps
-	timeout --kill-after=2m 80m deploy/k8s/demo/demo.sh
+	timeout --kill-after=2m 90m deploy/k8s/demo/demo.sh
 
 # Lock benchmarks: every backend against the peer libraries on private real
 # servers, three runs each (about 15 minutes on 2 cores): a ratio pairs the
