@@ -7,9 +7,9 @@ DOCKER_PKGS := $(shell command -v dockerd >/dev/null || echo docker.io) debootst
 # chromium: the report's browser test (loadtest/report_browser_test.go).
 TOOLS    := chromium
 # make k8s-demo: the node's container runtime and pod network, kube-proxy's
-# iptables and conntrack, nsenter (util-linux) and jq for the checks.
+# iptables and conntrack, nsenter (util-linux), sysctl and pgrep (procps), jq for the checks.
 # Kubernetes itself is built from the Go module proxy (deploy/k8s/demo).
-K8S_PKGS := containerd runc containernetworking-plugins iptables conntrack iproute2 util-linux jq
+K8S_PKGS := containerd runc containernetworking-plugins iptables conntrack iproute2 util-linux procps jq
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 ARGS     ?=
 # Redocly CLI, pinned: npx keeps it in npm's cache after the first run.
