@@ -6,17 +6,21 @@ SERVERS  := mariadb-server redis-server redis-sentinel zookeeper etcd-server ngi
 DOCKER_PKGS := $(shell command -v dockerd >/dev/null || echo docker.io) debootstrap
 # chromium: the report's browser test (loadtest/report_browser_test.go).
 TOOLS    := chromium
+# make k8s-demo: the node's container runtime and pod network, kube-proxy's
+# iptables and conntrack, nsenter (util-linux), sysctl and pgrep (procps), jq for the checks.
+# Kubernetes itself is built from the Go module proxy (deploy/k8s/demo).
+K8S_PKGS := containerd runc containernetworking-plugins iptables conntrack iproute2 util-linux procps jq
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 ARGS     ?=
 # Redocly CLI, pinned: npx keeps it in npm's cache after the first run.
 REDOCLY  := @redocly/cli@2.77.0
 
-.PHONY: deps lab test test-containers images compose-demo vet bench openapi-lint results results-labs
+.PHONY: deps lab test test-containers images compose-demo k8s-demo vet bench openapi-lint results results-labs
 
 # Installs the Debian server packages that are missing; the project starts
 # its own private servers from them, so none needs to run as a service.
 deps:
-	@missing=$$(for p in $(SERVERS) $(DOCKER_PKGS) $(TOOLS); do \
+	@missing=$$(for p in $(SERVERS) $(DOCKER_PKGS) $(TOOLS) $(K8S_PKGS); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing:" $$missing; \
@@ -71,6 +75,7 @@ test: deps vet openapi-lint
 	OVERSOLD_TESTBED=process OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -count=1 -run '^TestReaperKeepsUp$$' -timeout 5m ./locking/zklock/
 	OVERSOLD_TESTBED=process OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 5m ./bench/
 	@$(MAKE) --no-print-directory test-containers
+	@$(MAKE) --no-print-directory k8s-demo
 
 # The stand-in images oversold-local/{mysql,redis,zookeeper,etcd}:latest from
 # Debian packages (deploy/images/README.md), on the engine engine.sh finds or
@@ -101,6 +106,17 @@ test-containers: deps
 # Not part of make test (time): deploy/images/README.md has a run's output.
 compose-demo: deps
 	deploy/images/compose-demo.sh
+
+# deploy/k8s on a real single-node Kubernetes (v1.34.4), offline: the control
+# plane, kubelet and containerd as processes in a network namespace, the
+# servers and orderd as pods, four lab runs through the Service (plain, a
+# rollout, a refused rollout to another lock, a pod evicted), checked; the
+# report in k8s-report/, and nothing of the cluster left after, whatever
+# happened (deploy/k8s/README.md, "The demo on a real cluster"). Root only.
+# The first run builds Kubernetes from the module proxy (about 15-20 minutes
+# on 2 cores); with the Go caches kept, a few minutes.
+k8s-demo: deps
+	timeout --kill-after=2m 90m deploy/k8s/demo/demo.sh
 
 # Lock benchmarks: every backend against the peer libraries on private real
 # servers, three runs each (about 15 minutes on 2 cores): a ratio pairs the
