@@ -131,32 +131,14 @@ func gateRefuses(t *testing.T, bin string) {
 	base := startOrderd(t, command(bin, "OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=e2e-gate",
 		"OVERSOLD_MYSQL_DSN="+testbed.MySQL(t), "OVERSOLD_REDIS_ADDR="+testbed.Redis(t),
 		"OVERSOLD_LOCK=none", "OVERSOLD_GUARD=atomic", "OVERSOLD_GATE=redis", "OVERSOLD_ADMIN_TOKEN="+token))
-	client := &http.Client{Timeout: 30 * time.Second}
-	do := func(method, path, body string, header ...string) (int, string) {
-		t.Helper()
-		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		for i := 0; i+1 < len(header); i += 2 {
-			req.Header.Set(header[i], header[i+1])
-		}
-		res, err := client.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(b)
-	}
-	if code, body := do("PUT", "/v1/inventory/gated", `{"stock":2}`, "Authorization", "Bearer "+token); code != 200 {
-		t.Fatalf("PUT = %d %s", code, body)
-	}
+	put(t, base, token, "gated", 2)
 	for i, want := range []int{201, 201, 409} {
-		code, body := do("POST", "/v1/orders", `{"sku":"gated","quantity":1}`, "Idempotency-Key", fmt.Sprint("k", i))
+		code, _, body := postOrder(base, "gated", 1, fmt.Sprint("k", i))
 		if code != want || (want == 409 && !strings.Contains(body, `"out_of_stock"`)) {
 			t.Fatalf("order %d = %d %s, want %d", i, code, body, want)
 		}
 	}
-	if code, body := do("POST", "/v1/orders", `{"sku":"gated","quantity":1}`, "Idempotency-Key", "k0"); code != 200 {
+	if code, _, body := postOrder(base, "gated", 1, "k0"); code != 200 {
 		t.Fatalf("replay = %d %s, want 200", code, body)
 	}
 	got := map[string]string{}
