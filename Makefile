@@ -49,9 +49,15 @@ results-labs: deps
 	$(GO) run ./cmd/lab --out $(LABS)/sweep --sweep --backends none,redis,redlock,zookeeper,mysql,etcd \
 		--guards none,version,fencing --replicas 3 --skus 1 --repeat 3
 	$(GO) run ./cmd/lab --out $(LABS)/faults $(FAULTS) --backends redis,redlock,zookeeper,mysql,etcd --guards none,version,fencing
+	$(GO) run ./cmd/lab --out $(LABS)/gate-sweep --sweep --backends none --guards atomic,none --gates none,redis \
+		--replicas 3 --skus 1 --repeat 3
+	$(GO) run ./cmd/lab --out $(LABS)/gate-sellout --backends none --guards atomic --gates none,redis \
+		--stock 100 --requests 10000 --rate 100000 --replicas 3 --skus 1
+	$(GO) run ./cmd/lab --out $(LABS)/gate-faults --fault redis-restart --backends none --guards none,atomic --gates redis --repeat 3
 	$(GO) run ./cmd/results -import default=$(LABS)/default
 	$(GO) run ./cmd/results -import sweep=$(LABS)/sweep
 	$(GO) run ./cmd/results -import faults=$(LABS)/faults
+	$(GO) run ./cmd/results -import gate=$(LABS)/gate-sweep,$(LABS)/gate-sellout,$(LABS)/gate-faults
 
 vet:
 	$(GO) vet ./...

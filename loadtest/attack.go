@@ -25,6 +25,9 @@ type AttackSpec struct {
 	Workers   int
 	Timeout   time.Duration // per request; 0 means 10s
 	KeyPrefix string        // keys are KeyPrefix-000001...: unique per run, or orders replay
+	// Path, if set, makes every request a GET of it instead of an order
+	// (the ceiling run's /healthz); SKUs and KeyPrefix are then unused.
+	Path string
 
 	// Progress, if set, hears the number of requests finished so far, after
 	// each one, from a single goroutine.
@@ -75,7 +78,7 @@ func Attack(ctx context.Context, spec AttackSpec) (*AttackResult, error) {
 	switch {
 	case spec.Target == "":
 		return nil, errors.New("attack: no target")
-	case len(spec.SKUs) == 0:
+	case len(spec.SKUs) == 0 && spec.Path == "":
 		return nil, errors.New("attack: no SKUs")
 	case spec.Requests <= 0 || spec.Rate <= 0 || spec.Workers <= 0:
 		return nil, fmt.Errorf("attack: requests, rate and workers must be positive (%d, %d, %d)",
@@ -107,7 +110,11 @@ func Attack(ctx context.Context, spec AttackSpec) (*AttackResult, error) {
 		Pacer: vegeta.ConstantPacer{Freq: spec.Rate, Per: time.Second},
 		limit: uint64(spec.Requests),
 	}
-	results := attacker.Attack(orderTargeter(spec), pacer, 0, "oversold")
+	targeter := orderTargeter(spec)
+	if spec.Path != "" {
+		targeter = getTargeter(spec.Target + spec.Path)
+	}
+	results := attacker.Attack(targeter, pacer, 0, "oversold")
 
 	stop := context.AfterFunc(ctx, func() { attacker.Stop() })
 	defer stop()
@@ -181,11 +188,21 @@ func orderTargeter(spec AttackSpec) vegeta.Targeter {
 	}
 }
 
+// getTargeter GETs url, numbered as orderTargeter numbers orders.
+func getTargeter(url string) vegeta.Targeter {
+	var seq atomic.Uint64
+	return func(t *vegeta.Target) error {
+		t.Method = http.MethodGet
+		t.URL = url + "#" + strconv.FormatUint(seq.Add(1), 10)
+		return nil
+	}
+}
+
 // skuOf is the SKU of the request whose target URL was u.
 func skuOf(skus []string, u string) string {
 	_, frag, _ := strings.Cut(u, "#")
 	n, err := strconv.ParseUint(frag, 10, 64)
-	if err != nil || n == 0 {
+	if err != nil || n == 0 || len(skus) == 0 {
 		return ""
 	}
 	return skus[(n-1)%uint64(len(skus))]

@@ -99,6 +99,8 @@ func fixtureReport() Report {
 		plain("zookeeper", "none", 282, 0),
 		plain("etcd", "version", 252, 0),
 		plain("none", "atomic", 998, 0),
+		{Backend: "none", Guard: "none", Workload: WorkloadCeiling, Replicas: 3, Requests: 600, Status: map[string]int{"200": 600},
+			ThroughputRPS: 4100, LatencyMS: Latency{P50: 1.2, P90: 2.5, P99: 6.1, Max: 9}, Seed: 1, Safe: true},
 		fault("redis", "none", "pause-holder", false),
 		fault("redis", "fencing", "pause-holder", true),
 		fault("zookeeper", "version", "redlock-node-restart-delayed", true),

@@ -96,7 +96,7 @@ type Result struct {
 
 	// The reservations workload (loadtest/reservations.go).
 
-	Workload string `json:"workload,omitempty"` // "reservations"; absent for direct orders
+	Workload string `json:"workload,omitempty"` // "reservations", "ceiling"; absent for direct orders
 	// ReservedLeft is the stock still reserved once every hold has ended.
 	ReservedLeft *int `json:"reserved_left,omitempty"`
 	// DoubleSettled counts reservations settled twice (confirmed and given
@@ -170,6 +170,9 @@ type Slice struct {
 // Name is the run's label: "redis/none", "none/atomic", with the fault if
 // any, else with the workload if not orders ("redis/none+reservations").
 func (r Result) Name() string {
+	if r.IsCeiling() {
+		return CeilingName
+	}
 	name := r.Backend + "/" + r.Guard
 	if r.Gate != "" {
 		name += "+gate"
@@ -199,6 +202,9 @@ func (r Result) Verdict() string {
 	}
 	if r.NotApplicable {
 		return "not applicable"
+	}
+	if r.IsCeiling() {
+		return "ceiling: no stock, nothing to break"
 	}
 	var bad []string
 	if r.Oversold > 0 {

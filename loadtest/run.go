@@ -349,6 +349,9 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 
 	t0 := time.Now()
 	skus := make([]string, spec.SKUs)
+	if spec.Workload == WorkloadCeiling {
+		skus = nil // GET /healthz touches no stock
+	}
 	for i := range skus {
 		skus[i] = fmt.Sprintf("hot-%s-%02d-%d", rn.ID, n, i+1)
 		if err := ResetStock(ctx, base, rn.AdminToken, skus[i], spec.Stock); err != nil {
@@ -390,6 +393,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		Workers:   spec.Workers,
 		Timeout:   requestTimeout,
 		KeyPrefix: keyPrefix,
+		Path:      ceilingPath(spec),
 		Progress:  progress,
 	}, res)
 	if err != nil {
@@ -461,6 +465,9 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		if unrecovered > 0 {
 			res.Notes = append(res.Notes, fmt.Sprintf("%d disruptions with no order decided after them before the load ended", unrecovered))
 		}
+	}
+	if spec.Workload == WorkloadCeiling {
+		return nil // no stock, no invariants: only the HTTP path was measured
 	}
 	if spec.Workload == WorkloadReservations {
 		err := rn.checkCheckouts(ctx, run, res)

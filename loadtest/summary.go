@@ -14,6 +14,9 @@ const LockFree = "none/atomic"
 // Summary says in sentences what the results show: what oversold and by
 // how much, what held, and the configuration the evidence picks (Pick).
 func Summary(results []Result) []string {
+	// A ceiling run orders nothing: it is no configuration, and has no
+	// invariant to hold.
+	results = slices.DeleteFunc(slices.Clone(results), Result.IsCeiling)
 	var out []string
 	var broken, safe, ran []Result
 	for _, r := range results {

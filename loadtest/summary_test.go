@@ -18,6 +18,8 @@ func TestSummary(t *testing.T) {
 		run("etcd", "none", 250, 0),
 		run("none", "atomic", 1000, 0),
 		{Backend: "mysql", Guard: "none", Error: "could not start", ThroughputRPS: 9000},
+		// The ceiling is faster than anything and safe, yet no configuration.
+		{Backend: "none", Guard: "none", Workload: WorkloadCeiling, ThroughputRPS: 20000, Safe: true},
 	}), " ")
 	for _, want := range []string{
 		"1 of 5 runs could not be made",

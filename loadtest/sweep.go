@@ -12,21 +12,53 @@ import (
 
 // The lab's --sweep measures what each lock costs end to end: orders per
 // second and p99 for every backend at several replica and SKU counts, each
-// next to the lock-free ceiling measured in the same run at the same counts.
+// next to two figures measured in the same run at the same counts: the
+// lock-free reference (the cheapest safe order) and the HTTP ceiling (the
+// most the balancer and replicas answer at all).
 
-// The ceiling of a sweep: no lock, and the atomic guard's conditional
+// The reference of a sweep: no lock, and the atomic guard's conditional
 // decrement, the cheapest safe order there is.
 const (
-	CeilingBackend = "none"
-	CeilingGuard   = "atomic"
+	ReferenceBackend = "none"
+	ReferenceGuard   = "atomic"
+	referenceName    = ReferenceBackend + "/" + ReferenceGuard
+)
+
+// The ceiling run: GET /healthz unpaced through the same balancer and
+// replicas, no stock and no MySQL; its answers per second
+// (throughput_rps) are the limit every strategy is compared to.
+const (
+	WorkloadCeiling = "ceiling" // Spec.Workload and Result.Workload
+	CeilingName     = "ceiling" // its Result.Name
+	CeilingPath     = "/healthz"
 )
 
 // SweepMD is the sweep's table in the report folder.
 const SweepMD = "sweep.md"
 
-// IsCeiling reports whether r is a run of the ceiling.
-func (r Result) IsCeiling() bool {
-	return r.Backend == CeilingBackend && r.Guard == CeilingGuard && r.Fault == "" && r.Gate == ""
+// IsReference reports whether r is a run of the reference.
+func (r Result) IsReference() bool {
+	return r.Backend == ReferenceBackend && r.Guard == ReferenceGuard && r.Fault == "" && r.Gate == "" && r.Workload == ""
+}
+
+// IsCeiling reports whether r is a ceiling run.
+func (r Result) IsCeiling() bool { return r.Workload == WorkloadCeiling }
+
+// ceilingPath is the path a run GETs instead of ordering: the ceiling's.
+func ceilingPath(s Spec) string {
+	if s.Workload == WorkloadCeiling {
+		return CeilingPath
+	}
+	return ""
+}
+
+// sweepRate is what the sweep compares of a run: orders (201s) per second,
+// or for the ceiling, which orders nothing, answers per second.
+func (r Result) sweepRate() float64 {
+	if r.IsCeiling() {
+		return r.ThroughputRPS
+	}
+	return r.OrdersRPS
 }
 
 // Cell is one point of a sweep: how many replicas, how many hot SKUs.
@@ -38,38 +70,43 @@ type Cell struct {
 func (c Cell) String() string { return fmt.Sprintf("%d×%d", c.Replicas, c.SKUs) }
 
 // Point is one configuration (a run name: backend/guard) in one cell,
-// over its runs there: the ceiling runs twice per cell, and --repeat runs
+// over its runs there: the reference runs twice per cell, and --repeat runs
 // everything more than once.
 type Point struct {
 	Runs      int     // runs of it in the cell
 	Ran       int     // of which ran (no Error)
-	OrdersRPS float64 // mean orders (201s) per second over the runs that ran
+	OrdersRPS float64 // mean orders (201s) per second over the runs that ran; the ceiling's answers
 	Min, Max  float64 // the lowest and highest orders/s of those runs
 	P99       float64 // mean client p99 in ms over the same runs
-	// Ratio is OrdersRPS over the cell's ceiling OrdersRPS; valid only
-	// when HasRatio (both ran, and the ceiling sold something).
+	// Ratio is OrdersRPS over the cell's reference OrdersRPS; valid only
+	// when HasRatio (both ran, and the reference sold something).
 	Ratio    float64
 	HasRatio bool
-	Unsafe   bool // a run broke an invariant: its figures are not a safe lock's
+	// CeilingRatio is OrdersRPS over the cell's ceiling (its answers per
+	// second); valid only when HasCeiling.
+	CeilingRatio float64
+	HasCeiling   bool
+	Unsafe       bool // a run broke an invariant: its figures are not a safe lock's
 }
 
 // Sweep is a sweep's results arranged as a table: one row per run name,
 // one column per cell.
 type Sweep struct {
 	Cells  []Cell   // sorted by replicas, then SKUs
-	Names  []string // the ceiling first, then in the order the runs came
+	Names  []string // the ceiling, the reference, then in the order the runs came
 	Points map[string]map[Cell]Point
 }
 
 // NewSweep arranges results (of any lab, sweep or not) by name and cell,
-// and computes each point's ratio to the ceiling of its cell. Fault runs
+// and computes each point's ratios to the reference and the ceiling of its
+// cell. Fault runs
 // are left out: the sweep measures cost, not safety under faults.
 func NewSweep(results []Result) Sweep {
 	s := Sweep{Points: map[string]map[Cell]Point{}}
 	type sums struct{ rps, p99 float64 }
 	acc := map[string]map[Cell]sums{}
 	for _, r := range results {
-		if r.Fault != "" {
+		if r.Fault != "" || r.Workload == WorkloadReservations {
 			continue
 		}
 		name, c := r.Name(), Cell{r.Replicas, r.SKUs}
@@ -84,12 +121,13 @@ func NewSweep(results []Result) Sweep {
 		p, a := s.Points[name][c], acc[name][c]
 		p.Runs++
 		if r.Error == "" {
-			if p.Ran == 0 || r.OrdersRPS < p.Min {
-				p.Min = r.OrdersRPS
+			rps := r.sweepRate()
+			if p.Ran == 0 || rps < p.Min {
+				p.Min = rps
 			}
-			p.Max = max(p.Max, r.OrdersRPS)
+			p.Max = max(p.Max, rps)
 			p.Ran++
-			a.rps += r.OrdersRPS
+			a.rps += rps
 			a.p99 += r.LatencyMS.P99
 			p.Unsafe = p.Unsafe || !r.Safe
 		}
@@ -104,12 +142,13 @@ func NewSweep(results []Result) Sweep {
 			cells[c] = p
 		}
 	}
-	ceiling := CeilingBackend + "/" + CeilingGuard
-	for _, cells := range s.Points {
+	for name, cells := range s.Points {
 		for c, p := range cells {
-			top, ok := s.Points[ceiling][c]
-			if ok && top.Ran > 0 && top.OrdersRPS > 0 && p.Ran > 0 {
-				p.Ratio, p.HasRatio = round(p.OrdersRPS/top.OrdersRPS), true
+			if ref, ok := s.Points[referenceName][c]; ok && ref.Ran > 0 && ref.OrdersRPS > 0 && p.Ran > 0 && name != CeilingName {
+				p.Ratio, p.HasRatio = round(p.OrdersRPS/ref.OrdersRPS), true
+			}
+			if top, ok := s.Points[CeilingName][c]; ok && top.Ran > 0 && top.OrdersRPS > 0 && p.Ran > 0 && name != CeilingName {
+				p.CeilingRatio, p.HasCeiling = round(p.OrdersRPS/top.OrdersRPS), true
 			}
 			cells[c] = p
 		}
@@ -117,8 +156,10 @@ func NewSweep(results []Result) Sweep {
 	slices.SortFunc(s.Cells, func(a, b Cell) int {
 		return cmp.Or(cmp.Compare(a.Replicas, b.Replicas), cmp.Compare(a.SKUs, b.SKUs))
 	})
-	if i := slices.Index(s.Names, ceiling); i > 0 {
-		s.Names = slices.Insert(slices.Delete(s.Names, i, i+1), 0, ceiling)
+	for _, first := range []string{referenceName, CeilingName} {
+		if i := slices.Index(s.Names, first); i > 0 {
+			s.Names = slices.Insert(slices.Delete(s.Names, i, i+1), 0, first)
+		}
 	}
 	return s
 }
@@ -129,8 +170,9 @@ func (s Sweep) Point(name string, c Cell) (Point, bool) {
 	return p, ok
 }
 
-// throughputCell is "812", "412 (0.51)", "FAILED", "-", with "!" after a
-// point that broke an invariant; a point of several runs adds their range,
+// throughputCell is "812", "412 (0.51; ceiling 0.30)", "FAILED", "-", with
+// "!" after a point that broke an invariant: the ratios to the reference
+// and to the ceiling. A point of several runs adds their range,
 // "812 [790–834]", which shows how much the machine drifted in the cell.
 func (s Sweep) throughputCell(name string, c Cell) string {
 	p, ok := s.Point(name, c)
@@ -144,8 +186,15 @@ func (s Sweep) throughputCell(name string, c Cell) string {
 	if p.Ran > 1 {
 		out += fmt.Sprintf(" [%.0f–%.0f]", p.Min, p.Max)
 	}
-	if p.HasRatio && name != CeilingBackend+"/"+CeilingGuard {
-		out += fmt.Sprintf(" (%.2f)", p.Ratio)
+	var ratios []string
+	if p.HasRatio && name != referenceName {
+		ratios = append(ratios, fmt.Sprintf("%.2f", p.Ratio))
+	}
+	if p.HasCeiling {
+		ratios = append(ratios, fmt.Sprintf("ceiling %.2f", p.CeilingRatio))
+	}
+	if len(ratios) > 0 {
+		out += " (" + strings.Join(ratios, "; ") + ")"
 	}
 	if p.Unsafe {
 		out += " !"
@@ -173,8 +222,11 @@ func (s Sweep) writeMatrix(w io.Writer, cell func(name string, c Cell) string) {
 	fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(heads, " | "), strings.Repeat("---|", len(heads)))
 	for _, name := range s.Names {
 		row := []string{name}
-		if name == CeilingBackend+"/"+CeilingGuard {
-			row[0] += " (ceiling)"
+		switch name {
+		case referenceName:
+			row[0] += " (reference)"
+		case CeilingName:
+			row[0] += " (GET " + CeilingPath + ", answers/s)"
 		}
 		for _, c := range s.Cells {
 			row = append(row, cell(name, c))
@@ -191,19 +243,32 @@ var HotCell = Cell{Replicas: 3, SKUs: 1}
 // which coalescing orders under one lease makes reachable.
 const GoalRatio = 1.0
 
-// writeGoal says, for the hot cell, each backend's ratio to the ceiling and
-// whether redis meets GoalRatio.
+// writeGoal says, for the hot cell, each backend's ratio to the reference
+// and to the ceiling, and whether redis meets GoalRatio.
 func (s Sweep) writeGoal(w io.Writer) {
-	if _, ok := s.Point(CeilingBackend+"/"+CeilingGuard, HotCell); !ok {
+	_, ref := s.Point(referenceName, HotCell)
+	_, top := s.Point(CeilingName, HotCell)
+	if !ref && !top {
 		return
 	}
-	fmt.Fprintf(w, "Hot SKU, %d replicas (%s), ratio to the ceiling:", HotCell.Replicas, HotCell)
-	for _, name := range s.Names[1:] {
-		if p, ok := s.Point(name, HotCell); ok && p.HasRatio {
-			fmt.Fprintf(w, " %s %.2f;", name, p.Ratio)
+	var toRef, toTop []string
+	for _, name := range s.Names {
+		p, _ := s.Point(name, HotCell)
+		if p.HasRatio && name != referenceName {
+			toRef = append(toRef, fmt.Sprintf(" %s %.2f;", name, p.Ratio))
+		}
+		if p.HasCeiling {
+			toTop = append(toTop, fmt.Sprintf(" %s %.2f;", name, p.CeilingRatio))
 		}
 	}
-	fmt.Fprintln(w)
+	for _, line := range []struct {
+		to    string
+		parts []string
+	}{{referenceName, toRef}, {"the ceiling", toTop}} {
+		if len(line.parts) > 0 {
+			fmt.Fprintf(w, "Hot SKU, %d replicas (%s), ratio to %s:%s\n", HotCell.Replicas, HotCell, line.to, strings.Join(line.parts, ""))
+		}
+	}
 	for _, name := range s.Names {
 		if backend, _, _ := strings.Cut(name, "/"); backend != "redis" {
 			continue
@@ -217,7 +282,7 @@ func (s Sweep) writeGoal(w io.Writer) {
 		if p.Ratio < GoalRatio {
 			verdict = fmt.Sprintf("missed by %.2f", GoalRatio-p.Ratio)
 		}
-		fmt.Fprintf(w, "Goal %s >= %.2f of the ceiling: %.2f, %s.\n", name, GoalRatio, p.Ratio, verdict)
+		fmt.Fprintf(w, "Goal %s >= %.2f of %s: %.2f, %s.\n", name, GoalRatio, referenceName, p.Ratio, verdict)
 	}
 }
 
@@ -225,7 +290,7 @@ func (s Sweep) writeGoal(w io.Writer) {
 // Markdown: what the lab prints on stderr after a sweep.
 func WriteSweepTables(w io.Writer, results []Result) {
 	s := NewSweep(results)
-	fmt.Fprintf(w, "Orders per second (201s only), and in brackets the ratio to %s/%s in the same cell:\n\n", CeilingBackend, CeilingGuard)
+	fmt.Fprintf(w, "Orders per second (201s only; the ceiling's answers), and in brackets the ratio to %s and to the ceiling in the same cell:\n\n", referenceName)
 	s.writeMatrix(w, s.throughputCell)
 	fmt.Fprintf(w, "\nClient p99 latency, ms:\n\n")
 	s.writeMatrix(w, s.p99Cell)
@@ -250,7 +315,7 @@ func WriteSweep(w io.Writer, rep Report) {
 		}
 		fmt.Fprintf(w, "Each run: fresh replicas behind the round-robin balancer, %d orders of quantity 1 spread round-robin over its SKUs, "+
 			"%d in flight at most, %s, %d stock per SKU, work delay %s, lock TTL %s. "+
-			"The ceiling runs first and last in every round of a cell; its figure is the mean of its runs there, their range in square brackets: how far the machine drifted during the cell. "+
+			"The reference runs first and last in every round of a cell (the ceiling just after its first run); its figure is the mean of its runs there, their range in square brackets: how far the machine drifted during the cell. "+
 			"A configuration run more than once (--repeat) shows its mean and range the same way.\n\n",
 			r.Requests, r.Workers, rate, r.InitialStock, r.WorkDelay, r.LockTTL)
 	}
@@ -258,21 +323,22 @@ func WriteSweep(w io.Writer, rep Report) {
 	WriteSweepTables(w, rep.Results)
 
 	fmt.Fprintf(w, "\n## Every run\n\n")
-	fmt.Fprintf(w, "| # | run | replicas | SKUs | orders/s | ratio | p50 ms | p99 ms | answers | peak RSS MiB | verdict |\n|%s\n", strings.Repeat("---|", 11))
+	fmt.Fprintf(w, "| # | run | replicas | SKUs | orders/s | ratio | ceiling ratio | p50 ms | p99 ms | answers | peak RSS MiB | verdict |\n|%s\n", strings.Repeat("---|", 12))
 	s := NewSweep(rep.Results)
-	ceiling := CeilingBackend + "/" + CeilingGuard
 	for i, r := range rep.Results {
-		ratio := "-"
-		if top, ok := s.Point(ceiling, Cell{r.Replicas, r.SKUs}); ok && top.OrdersRPS > 0 && r.Error == "" {
-			ratio = fmt.Sprintf("%.2f", r.OrdersRPS/top.OrdersRPS)
+		ratio := func(to string) string {
+			if top, ok := s.Point(to, Cell{r.Replicas, r.SKUs}); ok && top.OrdersRPS > 0 && r.Error == "" && !r.IsCeiling() {
+				return fmt.Sprintf("%.2f", r.OrdersRPS/top.OrdersRPS)
+			}
+			return "-"
 		}
 		rss := "-"
 		if r.PeakRSSMB > 0 {
 			rss = num(r.PeakRSSMB)
 		}
-		figures := []string{fmt.Sprintf("%.0f", r.OrdersRPS), ratio, num(r.LatencyMS.P50), num(r.LatencyMS.P99), statusLine(r), rss}
+		figures := []string{fmt.Sprintf("%.0f", r.sweepRate()), ratio(referenceName), ratio(CeilingName), num(r.LatencyMS.P50), num(r.LatencyMS.P99), statusLine(r), rss}
 		if r.Error != "" {
-			figures = []string{"-", "-", "-", "-", "-", "-"}
+			figures = []string{"-", "-", "-", "-", "-", "-", "-"}
 		}
 		row := append([]string{fmt.Sprint(i + 1), r.Name(), fmt.Sprint(r.Replicas), fmt.Sprint(r.SKUs)}, figures...)
 		row = append(row, strings.ReplaceAll(r.Verdict(), "|", `\|`))
@@ -302,11 +368,12 @@ func WriteSweepFile(dir string, rep Report) error {
 // SweepRate is the rate a sweep offers unless told otherwise: far above
 // what any configuration serves on one machine, so the pacer never waits
 // and the workers (requests in flight) are the only limit. A rate that
-// capped the ceiling would flatter every ratio.
+// capped the reference or the ceiling would flatter every ratio.
 const SweepRate = 100000
 
 const sweepDefinitions = `How to read it: *orders/s* = orders answered 201 per second, from the first request sent to the last answer; the stock per SKU covers every request, so no run sells out and every answer is an order unless something failed. ` +
-	`The *ratio* is a configuration's orders/s over the ceiling's (lock none, guard atomic: one conditional UPDATE, no lock) in the same cell: what the lock costs end to end, all else equal. ` +
+	`The *ratio* is a configuration's orders/s over the reference's (lock none, guard atomic: one conditional UPDATE, no lock) in the same cell: what the lock costs end to end, all else equal. ` +
+	`The *ceiling* is GET /healthz unpaced through the same balancer and replicas (no stock, no MySQL, no lock): its answers per second are the most this box serves over HTTP at all, and a configuration's *ceiling ratio* is its orders/s over them. ` +
 	`Lock runs use guard none unless --guards says otherwise, so the figure is the lock's own cost, with no guard's retries in it; with no work delay the critical section is only the flow's own round trips (cache read, transaction, cache write), so the ratio is a pure cost comparison and would rise towards 1 as business logic inside the lock grew. ` +
 	`p99 is client-side over every answer (nearest rank); with every worker queued on one hot SKU it mostly measures the queue. ` +
 	`Each run is also bounded in time (four times its nominal length at the offered rate plus the request timeout, so about 15 s unpaced): one cut off says so in its notes, and its orders/s covers what it served. ` +

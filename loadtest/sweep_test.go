@@ -16,6 +16,16 @@ func sweepRun(backend, guard string, replicas, skus int, rps, p99 float64) Resul
 	}
 }
 
+// ceilingRun is a crafted ceiling run: GET /healthz, answers per second.
+func ceilingRun(replicas, skus int, answers float64) Result {
+	return Result{
+		Backend: "none", Guard: "none", Workload: WorkloadCeiling, Replicas: replicas, SKUs: skus,
+		ThroughputRPS: answers, LatencyMS: Latency{P99: 20}, Safe: true,
+		Requests: 400, Workers: 64, Rate: SweepRate, WorkDelay: "0s", LockTTL: "2s",
+		Status: map[string]int{"200": 400},
+	}
+}
+
 func craftedSweep() []Result {
 	failed := sweepRun("etcd", "none", 3, 1, 0, 0)
 	failed.Error, failed.Safe = "etcd server: not installed", false
@@ -24,25 +34,28 @@ func craftedSweep() []Result {
 	fault := sweepRun("redis", "none", 3, 1, 10, 5000)
 	fault.Fault = "pause-holder"
 	return []Result{
-		// Cell 3×1, the hot cell: the ceiling straddles the others.
+		// Cell 3×1, the hot cell: the reference straddles the others.
 		sweepRun("none", "atomic", 3, 1, 800, 100),
+		ceilingRun(3, 1, 3000),
 		sweepRun("redis", "none", 3, 1, 450, 300),
 		unsafe,
 		failed,
 		fault,
 		sweepRun("none", "atomic", 3, 1, 1000, 140),
-		// Cell 1×4, listed after but sorted before; its ceiling comes last.
+		// Cell 1×4, listed after but sorted before; its reference comes last.
 		sweepRun("redis", "none", 1, 4, 300, 200),
+		ceilingRun(1, 4, 1500),
 		sweepRun("none", "atomic", 1, 4, 600, 80),
-		// A redis run whose ceiling failed: no ratio.
+		// A redis run whose reference failed, and no ceiling: no ratio.
 		func() Result { r := sweepRun("none", "atomic", 2, 16, 0, 0); r.Error = "boom"; return r }(),
 		sweepRun("redis", "none", 2, 16, 700, 50),
 	}
 }
 
-// TestSweepMath: the ceiling of a cell is the mean of its runs there, each
-// point's ratio is against its own cell's ceiling, and failed, unsafe and
-// fault runs are told apart.
+// TestSweepMath: the reference of a cell is the mean of its runs there,
+// each point's ratios are against its own cell's reference and ceiling (the
+// ceiling's answers, not its orders, of which it has none), and failed,
+// unsafe and fault runs are told apart.
 func TestSweepMath(t *testing.T) {
 	s := NewSweep(craftedSweep())
 	wantCells := []Cell{{1, 4}, {2, 16}, {3, 1}}
@@ -54,8 +67,8 @@ func TestSweepMath(t *testing.T) {
 			t.Fatalf("cells %v, want %v", s.Cells, wantCells)
 		}
 	}
-	if want := []string{"none/atomic", "redis/none", "local/none", "etcd/none"}; strings.Join(s.Names, ",") != strings.Join(want, ",") {
-		t.Errorf("names %v, want %v (ceiling first, fault runs left out)", s.Names, want)
+	if want := []string{"ceiling", "none/atomic", "redis/none", "local/none", "etcd/none"}; strings.Join(s.Names, ",") != strings.Join(want, ",") {
+		t.Errorf("names %v, want %v (ceiling and reference first, fault runs left out)", s.Names, want)
 	}
 
 	type check struct {
@@ -64,25 +77,29 @@ func TestSweepMath(t *testing.T) {
 		rps, p99 float64
 		ratio    float64
 		hasRatio bool
+		top      float64 // ratio to the ceiling
+		hasTop   bool
 		ran      int
 		unsafe   bool
 	}
 	for _, c := range []check{
-		{"none/atomic", Cell{3, 1}, 900, 120, 1, true, 2, false}, // mean of 800 and 1000
-		{"redis/none", Cell{3, 1}, 450, 300, 0.5, true, 1, false},
-		{"local/none", Cell{3, 1}, 1200, 90, 1.33, true, 1, true},
-		{"etcd/none", Cell{3, 1}, 0, 0, 0, false, 0, false},
-		{"redis/none", Cell{1, 4}, 300, 200, 0.5, true, 1, false},
-		{"redis/none", Cell{2, 16}, 700, 50, 0, false, 1, false}, // its ceiling failed
+		{"ceiling", Cell{3, 1}, 3000, 20, 0, false, 0, false, 1, false},
+		{"none/atomic", Cell{3, 1}, 900, 120, 1, true, 0.3, true, 2, false}, // mean of 800 and 1000
+		{"redis/none", Cell{3, 1}, 450, 300, 0.5, true, 0.15, true, 1, false},
+		{"local/none", Cell{3, 1}, 1200, 90, 1.33, true, 0.4, true, 1, true},
+		{"etcd/none", Cell{3, 1}, 0, 0, 0, false, 0, false, 0, false},
+		{"redis/none", Cell{1, 4}, 300, 200, 0.5, true, 0.2, true, 1, false},
+		{"redis/none", Cell{2, 16}, 700, 50, 0, false, 0, false, 1, false}, // its reference failed, no ceiling
 	} {
 		p, ok := s.Point(c.name, c.cell)
 		if !ok {
 			t.Errorf("%s at %s: missing", c.name, c.cell)
 			continue
 		}
-		if p.OrdersRPS != c.rps || p.P99 != c.p99 || p.Ratio != c.ratio || p.HasRatio != c.hasRatio || p.Ran != c.ran || p.Unsafe != c.unsafe {
-			t.Errorf("%s at %s: %+v, want orders/s %v p99 %v ratio %v (%v) ran %d unsafe %v",
-				c.name, c.cell, p, c.rps, c.p99, c.ratio, c.hasRatio, c.ran, c.unsafe)
+		if p.OrdersRPS != c.rps || p.P99 != c.p99 || p.Ratio != c.ratio || p.HasRatio != c.hasRatio ||
+			p.CeilingRatio != c.top || p.HasCeiling != c.hasTop || p.Ran != c.ran || p.Unsafe != c.unsafe {
+			t.Errorf("%s at %s: %+v, want orders/s %v p99 %v ratio %v (%v) to the ceiling %v (%v) ran %d unsafe %v",
+				c.name, c.cell, p, c.rps, c.p99, c.ratio, c.hasRatio, c.top, c.hasTop, c.ran, c.unsafe)
 		}
 	}
 	if _, ok := s.Point("redis/none", Cell{1, 1}); ok {
@@ -97,14 +114,16 @@ func TestSweepTables(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"| run \\ replicas×SKUs | 1×4 | 2×16 | 3×1 |\n|---|---|---|---|\n",
-		"| none/atomic (ceiling) | 600 | FAILED | 900 [800–1000] |\n",
-		"| redis/none | 300 (0.50) | 700 | 450 (0.50) |\n",
-		"| local/none | - | - | 1200 (1.33) ! |\n",
+		"| ceiling (GET /healthz, answers/s) | 1500 | - | 3000 |\n",
+		"| none/atomic (reference) | 600 (ceiling 0.40) | FAILED | 900 [800–1000] (ceiling 0.30) |\n",
+		"| redis/none | 300 (0.50; ceiling 0.20) | 700 | 450 (0.50; ceiling 0.15) |\n",
+		"| local/none | - | - | 1200 (1.33; ceiling 0.40) ! |\n",
 		"| etcd/none | - | - | FAILED |\n",
 		"| redis/none | 200 | 50 | 300 |\n", // p99
 		"! = a run that broke an invariant",
-		"ratio to the ceiling: redis/none 0.50; local/none 1.33;\n",
-		"Goal redis/none >= 1.00 of the ceiling: 0.50, missed by 0.50.\n",
+		"ratio to none/atomic: redis/none 0.50; local/none 1.33;\n",
+		"ratio to the ceiling: none/atomic 0.30; redis/none 0.15; local/none 0.40;\n",
+		"Goal redis/none >= 1.00 of none/atomic: 0.50, missed by 0.50.\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("tables lack %q:\n%s", want, out)
@@ -113,24 +132,25 @@ func TestSweepTables(t *testing.T) {
 
 	// Below the goal, by how much.
 	results := craftedSweep()
-	results[1].OrdersRPS = 396 // 0.44 of 900
+	results[2].OrdersRPS = 396 // 0.44 of 900
 	b.Reset()
 	WriteSweepTables(&b, results)
-	if want := "Goal redis/none >= 1.00 of the ceiling: 0.44, missed by 0.56.\n"; !strings.Contains(b.String(), want) {
+	if want := "Goal redis/none >= 1.00 of none/atomic: 0.44, missed by 0.56.\n"; !strings.Contains(b.String(), want) {
 		t.Errorf("tables lack %q:\n%s", want, b.String())
 	}
 }
 
 // TestSweepFile: sweep.md names the settings and lists every run with its
-// ratio to its cell's ceiling.
+// ratios to its cell's reference and ceiling.
 func TestSweepFile(t *testing.T) {
 	var b strings.Builder
 	WriteSweep(&b, Report{Results: craftedSweep(), Command: "lab --sweep", Started: time.Unix(0, 0).UTC(), Wall: 90 * time.Second})
 	out := b.String()
 	for _, want := range []string{
-		"`lab --sweep`", "10 runs", "400 orders", "64 in flight", "unpaced", "work delay 0s",
-		"| 2 | redis/none | 3 | 1 | 450 | 0.50 | 0 | 300 | 201×400 | - | safe |\n",
-		"| 4 | etcd/none | 3 | 1 | - | - | - | - | - | - | FAILED: etcd server: not installed |\n",
+		"`lab --sweep`", "12 runs", "400 orders", "64 in flight", "unpaced", "work delay 0s",
+		"| 2 | ceiling | 3 | 1 | 3000 | - | - | 0 | 20 | 200×400 | - | ceiling: no stock, nothing to break |\n",
+		"| 3 | redis/none | 3 | 1 | 450 | 0.50 | 0.15 | 0 | 300 | 201×400 | - | safe |\n",
+		"| 5 | etcd/none | 3 | 1 | - | - | - | - | - | - | - | FAILED: etcd server: not installed |\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("sweep.md lacks %q:\n%s", want, out)
@@ -145,5 +165,18 @@ func TestStatusKiB(t *testing.T) {
 	}
 	if _, ok := statusKiB(status, "VmSwap"); ok {
 		t.Error("VmSwap found in a status without it")
+	}
+}
+
+// TestCeilingRow: the results table shows what a ceiling run measured
+// (answers, answers/s, latency) and a dash where stock, locks and
+// invariants would be: it has none, and zeros would read as measurements.
+func TestCeilingRow(t *testing.T) {
+	r := ceilingRun(3, 1, 3000)
+	r.LatencyMS.P50 = 4
+	got := strings.Join(cells(r), " | ")
+	want := "ceiling | ceiling: no stock, nothing to break | 200×400 | - | - | - | - | - | - | - | 3000 | 4.0 | 20.0 | - | - | -"
+	if got != want {
+		t.Errorf("row\n%s\nwant\n%s", got, want)
 	}
 }

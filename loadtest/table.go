@@ -95,12 +95,18 @@ func writeMarkdownTable(w io.Writer, results []Result) {
 	}
 }
 
+// ceilingColumns are the columns a ceiling run measures: it has no stock,
+// no lock and no invariants.
+var ceilingColumns = []string{"run", "verdict", "answers", "req/s", "p50 ms", "p99 ms"}
+
 // cells is r's row. A run that could not be made has only its name and
 // its verdict (the first two): zeros would read as measurements.
 func cells(r Result) []string {
 	out := make([]string, len(columns))
 	for i, c := range columns {
 		switch {
+		case r.IsCeiling() && !slices.Contains(ceilingColumns, c.head):
+			out[i] = "-"
 		case r.Error == "" || i <= 1:
 			out[i] = c.cell(r)
 		default:

@@ -5,7 +5,7 @@
 //	go run ./cmd/lab --backends redis,etcd --guards none,fencing
 //	go run ./cmd/lab --backends none --guards version,atomic
 //	go run ./cmd/lab --json > results.json
-//	go run ./cmd/lab --sweep              every backend against the lock-free ceiling, replicas 1-4, SKUs 1, 4, 16
+//	go run ./cmd/lab --sweep              every backend against the lock-free reference and the HTTP ceiling, replicas 1-4, SKUs 1, 4, 16
 //	go run ./cmd/lab --sweep --backends redis --replicas 1,3 --skus 1,16
 //	go run ./cmd/lab --merge lane-a,lane-b --out merged   labs run side by side, as one report
 //

@@ -13,13 +13,15 @@ import (
 )
 
 // --sweep: every backend, at every replica count and SKU count asked, next
-// to the lock-free ceiling (lock none, guard atomic) measured in the same
-// run at the same counts. See loadtest.NewSweep for the table.
+// to the lock-free reference (lock none, guard atomic) and the HTTP ceiling
+// (GET /healthz) measured in the same run at the same counts. See
+// loadtest.NewSweep for the table.
 
 const sweepHelp = `measure what each lock costs end to end: every backend (or --backends) with
 guard none (or --guards), at replicas 1,2,3,4 and SKUs 1,4,16 (or the lists
---replicas and --skus give), each cell also running the ceiling, lock none with
-guard atomic, first and last. Unless given: --requests 1000, --stock = --requests
+--replicas and --skus give), each cell also running the reference, lock none
+with guard atomic, first and last, and the HTTP ceiling, GET /healthz unpaced
+through the same balancer and replicas. Unless given: --requests 1000, --stock = --requests
 (no run sells out: every answer is an order), --rate 100000 (unpaced: the
 workers are the limit), --work-delay 0 (a pure cost comparison). --repeat N
 runs each cell's round N times. Writes sweep.md to --out and prints its tables`
@@ -130,34 +132,38 @@ func (c *config) checkSweep(given map[string]bool) error {
 }
 
 // sweepSpecs is the sweep in run order: cell by cell (replicas, then SKUs),
-// each cell the ceiling, every backend and guard, and the ceiling again, so
-// that the ceiling's figure (the mean of both) straddles the backends'. With
+// each cell the reference, the ceiling, every backend and guard, and the
+// reference again, so that the reference's figure (the mean of both)
+// straddles the backends'. With
 // --repeat the cell runs that round again (seeds --seed, --seed+1, ...):
 // repeats of one configuration are spread over the cell, not back to back.
 func (c config) sweepSpecs() []loadtest.Spec {
 	var specs []loadtest.Spec
-	add := func(backend, guard, gate string, replicas, skus int, seed int64) {
+	add := func(backend, guard, gate string, replicas, skus int, seed int64) *loadtest.Spec {
 		specs = append(specs, loadtest.Spec{
 			Backend: backend, Guard: guard, Gate: gate, Replicas: replicas,
 			Stock: c.stock, SKUs: skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
 			WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: seed, Topology: c.specTopology(),
 		})
+		return &specs[len(specs)-1]
 	}
 	for _, r := range c.sweep.replicas {
 		for _, k := range c.sweep.skus {
 			for i := range max(c.repeat, 1) {
 				seed := c.seed + int64(i)
-				add(loadtest.CeilingBackend, loadtest.CeilingGuard, "", r, k, seed)
+				add(loadtest.ReferenceBackend, loadtest.ReferenceGuard, "", r, k, seed)
+				// The replicas need a lock and guard to start; /healthz uses neither.
+				add("none", "none", "", r, k, seed).Workload = loadtest.WorkloadCeiling
 				for _, b := range c.backends {
 					for _, g := range c.guards {
 						for _, gate := range c.gateList() {
-							if b != loadtest.CeilingBackend || g != loadtest.CeilingGuard || gate != "" {
+							if b != loadtest.ReferenceBackend || g != loadtest.ReferenceGuard || gate != "" {
 								add(b, g, gate, r, k, seed)
 							}
 						}
 					}
 				}
-				add(loadtest.CeilingBackend, loadtest.CeilingGuard, "", r, k, seed)
+				add(loadtest.ReferenceBackend, loadtest.ReferenceGuard, "", r, k, seed)
 			}
 		}
 	}

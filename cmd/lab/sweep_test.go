@@ -31,17 +31,20 @@ func TestSweepFlags(t *testing.T) {
 			t.Errorf("backends %v guards %v, want every backend with guard none", c.backends, c.guards)
 		}
 		specs := c.specs()
-		if len(specs) != 4*3*(len(backends.Names)+2) {
-			t.Fatalf("%d runs, want %d", len(specs), 4*3*(len(backends.Names)+2))
+		if len(specs) != 4*3*(len(backends.Names)+3) {
+			t.Fatalf("%d runs, want %d", len(specs), 4*3*(len(backends.Names)+3))
 		}
-		// Cell by cell, each between two ceiling runs.
-		per := len(backends.Names) + 2
+		// Cell by cell, each between two reference runs, the ceiling second.
+		per := len(backends.Names) + 3
 		for i := 0; i < len(specs); i += per {
 			cell := specs[i : i+per]
 			first, last := cell[0], cell[per-1]
-			if !(loadtest.Result{Backend: first.Backend, Guard: first.Guard}).IsCeiling() ||
-				!(loadtest.Result{Backend: last.Backend, Guard: last.Guard}).IsCeiling() {
-				t.Errorf("cell at run %d does not start and end with the ceiling: %s ... %s", i, first.Name(), last.Name())
+			if !(loadtest.Result{Backend: first.Backend, Guard: first.Guard}).IsReference() ||
+				!(loadtest.Result{Backend: last.Backend, Guard: last.Guard}).IsReference() {
+				t.Errorf("cell at run %d does not start and end with the reference: %s ... %s", i, first.Name(), last.Name())
+			}
+			if cell[1].Workload != loadtest.WorkloadCeiling || cell[1].Name() != loadtest.CeilingName {
+				t.Errorf("cell at run %d: second run %s (workload %q), want the ceiling", i, cell[1].Name(), cell[1].Workload)
 			}
 			for _, s := range cell {
 				if s.Replicas != first.Replicas || s.SKUs != first.SKUs || s.Rate != loadtest.SweepRate {
@@ -64,8 +67,8 @@ func TestSweepFlags(t *testing.T) {
 			}
 		}
 		want := []string{
-			"none/atomic@1×16", "redis/none@1×16", "etcd/none@1×16", "none/atomic@1×16",
-			"none/atomic@3×16", "redis/none@3×16", "etcd/none@3×16", "none/atomic@3×16",
+			"none/atomic@1×16", "ceiling@1×16", "redis/none@1×16", "etcd/none@1×16", "none/atomic@1×16",
+			"none/atomic@3×16", "ceiling@3×16", "redis/none@3×16", "etcd/none@3×16", "none/atomic@3×16",
 		}
 		if !slices.Equal(names, want) {
 			t.Errorf("runs %v, want %v", names, want)
@@ -81,13 +84,13 @@ func TestSweepFlags(t *testing.T) {
 		for _, s := range c.specs() {
 			names = append(names, s.Name())
 		}
-		// The gated none/atomic is not the ceiling: it runs between two.
-		want := []string{"none/atomic", "none/atomic+gate", "redis/atomic", "redis/atomic+gate", "none/atomic"}
+		// The gated none/atomic is not the reference: it runs between two.
+		want := []string{"none/atomic", "ceiling", "none/atomic+gate", "redis/atomic", "redis/atomic+gate", "none/atomic"}
 		if !slices.Equal(names, want) {
 			t.Errorf("runs %v, want %v", names, want)
 		}
-		if (loadtest.Result{Backend: "none", Guard: "atomic", Gate: "redis"}).IsCeiling() {
-			t.Error("a gated none/atomic run counts as the ceiling")
+		if (loadtest.Result{Backend: "none", Guard: "atomic", Gate: "redis"}).IsReference() {
+			t.Error("a gated none/atomic run counts as the reference")
 		}
 	})
 	t.Run("plain runs take one value", func(t *testing.T) {
@@ -115,7 +118,8 @@ func TestSweepFlags(t *testing.T) {
 }
 
 // TestSweepEndToEnd runs a tiny real sweep: MariaDB, Redis, orderd as an
-// OS process, one cell, the redis backend between two ceiling runs.
+// OS process, one cell, the redis backend between two reference runs, and
+// the HTTP ceiling.
 func TestSweepEndToEnd(t *testing.T) {
 	needServers(t)
 	out := t.TempDir()
@@ -138,6 +142,13 @@ func TestSweepEndToEnd(t *testing.T) {
 	var names []string
 	for _, r := range results {
 		names = append(names, r.Name())
+		if r.IsCeiling() {
+			// GET /healthz only: every answer a 200, no stock, no order.
+			if r.Error != "" || r.Status["200"] != 60 || len(r.Status) != 1 || r.ThroughputRPS <= 0 || r.InitialStock != 0 || r.OrdersRPS != 0 || r.Replicas != 1 {
+				t.Errorf("ceiling: error %q, answers %v, %v answers/s, stock %d, orders/s %v, %d replicas", r.Error, r.Status, r.ThroughputRPS, r.InitialStock, r.OrdersRPS, r.Replicas)
+			}
+			continue
+		}
 		if r.Error != "" || !r.Safe || r.Status["201"] != 60 || r.InitialStock != 60 || r.OrdersRPS <= 0 {
 			t.Errorf("%s: error %q safe %v, 201s %d of 60, stock %d, orders/s %v", r.Name(), r.Error, r.Safe, r.Status["201"], r.InitialStock, r.OrdersRPS)
 		}
@@ -148,7 +159,7 @@ func TestSweepEndToEnd(t *testing.T) {
 			t.Errorf("%s: peak RSS %v MiB, by replica %v", r.Name(), r.PeakRSSMB, r.ReplicaPeakRSSMB)
 		}
 	}
-	if want := []string{"none/atomic", "redis/none", "none/atomic"}; !slices.Equal(names, want) {
+	if want := []string{"none/atomic", "ceiling", "redis/none", "none/atomic"}; !slices.Equal(names, want) {
 		t.Fatalf("runs %v, want %v", names, want)
 	}
 	md, err := os.ReadFile(filepath.Join(out, loadtest.SweepMD))
@@ -156,10 +167,10 @@ func TestSweepEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, ok := loadtest.NewSweep(results).Point("redis/none", loadtest.Cell{Replicas: 1, SKUs: 1})
-	if !ok || !p.HasRatio || p.Ratio <= 0 {
-		t.Fatalf("redis/none point %+v: want a ratio to the ceiling", p)
+	if !ok || !p.HasRatio || p.Ratio <= 0 || !p.HasCeiling || p.CeilingRatio <= 0 {
+		t.Fatalf("redis/none point %+v: want a ratio to the reference and to the ceiling", p)
 	}
-	for _, want := range []string{"| none/atomic (ceiling) |", "| redis/none |", "## Every run"} {
+	for _, want := range []string{"| none/atomic (reference) |", "| ceiling (GET /healthz, answers/s) |", "| redis/none |", "## Every run"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("sweep.md lacks %q", want)
 		}

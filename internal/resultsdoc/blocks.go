@@ -58,6 +58,7 @@ type tally struct {
 	runs, safe, fired        int
 	overlaps, lost, oversold int
 	refused, unavailable     int
+	undersold                int
 }
 
 func count(runs []Run) tally {
@@ -75,6 +76,7 @@ func count(runs []Run) tally {
 		t.oversold += r.Oversold
 		t.refused += r.StaleRefused
 		t.unavailable += r.Status["503"]
+		t.undersold += r.Undersold
 	}
 	return t
 }
@@ -197,6 +199,12 @@ func choose(ev Evidence) string {
 		fmt.Fprintf(&b, "| %s | `%s/%s` | %s | %s | %s |\n", c.situation, c.backend, c.guard,
 			survives(ev, c.backend, c.guard), hotCell(ev, c.backend, c.guard), c.operate)
 	}
+	for _, c := range gateChoices {
+		if len(gateHot(ev, c.backend, c.guard)) > 0 {
+			fmt.Fprintf(&b, "| %s | `%s/%s+gate` | %s | %s | %s |\n", c.situation, c.backend, c.guard,
+				gateSurvives(ev, c.backend, c.guard), gateHotCell(ev, c.backend, c.guard), c.operate)
+		}
+	}
 	fmt.Fprintf(&b, "\n*Under the fault runs*: runs where every invariant held, %s seeded runs per fault, "+
 		"of the faults that apply to that lock ([matrix](docs/results.md#faults)).\n",
 		repeats(ev.Faults, func(r Run) string { return r.Name() + " " + r.Fault }))
@@ -214,6 +222,7 @@ func choose(ev Evidence) string {
 			r.Replicas, r.Requests, r.Workers, r.WorkDelay, n)
 	}
 	b.WriteString(coalescing(ev) + "\n")
+	b.WriteString(gateNote(ev))
 	return b.String()
 }
 
@@ -242,7 +251,11 @@ func survives(ev Evidence, backend, guard string) string {
 	if backend == "none" {
 		return "no lock, no holder: the lock faults do not apply"
 	}
-	runs := filter(ev.Faults, func(r Run) bool { return r.Backend == backend && r.Guard == guard })
+	return survivesIn(filter(ev.Faults, func(r Run) bool { return r.Backend == backend && r.Guard == guard }))
+}
+
+// survivesIn says which faults runs (of one configuration) came through.
+func survivesIn(runs []Run) string {
 	if len(runs) == 0 {
 		return "not run"
 	}
@@ -499,4 +512,94 @@ func faultTable(ev Evidence) string {
 		}
 	}
 	return b.String()
+}
+
+// gateChoices are the decision table's rows for the stock gate
+// (OVERSOLD_GATE=redis), from gate.json.
+var gateChoices = []choice{
+	{"A flash sale: the stock gate in Redis takes the stock first, the conditional UPDATE beneath", "none", "atomic",
+		"one Redis holding the stock counter (given back by a back-check against MySQL), and MySQL"},
+	{"The peers' design, trusting the gate (MySQL decremented without a condition): **never**", "none", "none",
+		"as above; MySQL no longer checks the stock"},
+}
+
+// gateRuns are gate.json's runs of the gated configuration backend/guard.
+func gateRuns(ev Evidence, backend, guard string) []Run {
+	return filter(ev.Gate, func(r Run) bool {
+		return r.Backend == backend && r.Guard == guard && r.Gate != "" && r.Workload == "" && r.Error == ""
+	})
+}
+
+// soldOut: the run offered more orders than its stock (the others are the
+// sweep's, whose stock covers every order).
+func soldOut(r Run) bool { return r.InitialStock < r.Requests }
+
+// gateHot is the gate sweep's hot-SKU runs of a gated configuration.
+func gateHot(ev Evidence, backend, guard string) []Run {
+	return filter(gateRuns(ev, backend, guard), func(r Run) bool { return r.Fault == "" && r.SKUs == 1 && !soldOut(r) })
+}
+
+// ceiling is the mean answers per second of gate.json's ceiling runs
+// (GET /healthz through the same balancer and replicas), 0 if none ran.
+func ceiling(ev Evidence) float64 {
+	runs := filter(ev.Gate, func(r Run) bool { return r.Workload == "ceiling" && r.Error == "" })
+	return mean(runs, func(r Run) float64 { return r.ThroughputRPS })
+}
+
+func gateSurvives(ev Evidence, backend, guard string) string {
+	runs := filter(gateRuns(ev, backend, guard), func(r Run) bool { return r.Fault != "" })
+	s := survivesIn(runs)
+	if t := count(runs); t.oversold > 0 {
+		s += fmt.Sprintf(": **%d oversold**, %d lost upd", t.oversold, t.lost)
+	}
+	if t := count(gateHot(ev, backend, guard)); t.safe < t.runs {
+		s += fmt.Sprintf("; **unsafe without a fault too**: %d/%d runs, %d lost upd", t.runs-t.safe, t.runs, t.lost)
+	}
+	return s
+}
+
+// gateHotCell is hotCell's figures for a gated configuration, and its
+// orders/s as a ratio to the ceiling of the same lab.
+func gateHotCell(ev Evidence, backend, guard string) string {
+	runs := gateHot(ev, backend, guard)
+	o := mean(runs, func(r Run) float64 { return r.OrdersRPS })
+	s := fmt.Sprintf("%.0f, %.0f", o, mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }))
+	if top := ceiling(ev); top > 0 {
+		s += fmt.Sprintf("; %.2f of the ceiling", o/top)
+	}
+	return s
+}
+
+// gateNote says where the gate's rows come from: their runs, the ceiling,
+// and the sell-out with and without the gate.
+func gateNote(ev Evidence) string {
+	runs := gateHot(ev, "none", "atomic")
+	if len(runs) == 0 {
+		return ""
+	}
+	s := fmt.Sprintf("*The gate's rows* ([gate.json](docs/results/gate.json)): the same hot SKU, means of %s runs, %s seeded runs per fault",
+		repeats(filter(ev.Gate, func(r Run) bool { return r.Gate != "" && r.Fault == "" && r.SKUs == 1 && !soldOut(r) }), Run.Name),
+		repeats(filter(ev.Gate, func(r Run) bool { return r.Gate != "" && r.Fault != "" }), func(r Run) string { return r.Name() + " " + r.Fault }))
+	ref := filter(ev.Gate, func(r Run) bool {
+		return r.Backend == "none" && r.Guard == "atomic" && r.Gate == "" && r.Fault == "" && r.Workload == "" && r.Error == "" && r.SKUs == 1 && !soldOut(r)
+	})
+	if o := mean(ref, func(r Run) float64 { return r.OrdersRPS }); o > 0 {
+		s += fmt.Sprintf("; `none/atomic+gate` at %.2fx `none/atomic` of the same lab", mean(runs, func(r Run) float64 { return r.OrdersRPS })/o)
+	}
+	if top := ceiling(ev); top > 0 {
+		s += fmt.Sprintf("; the ceiling, `GET /healthz` through the same balancer and replicas: %.0f answers/s", top)
+	}
+	sale := func(gated bool) []Run {
+		return filter(ev.Gate, func(r Run) bool {
+			return r.Backend == "none" && r.Guard == "atomic" && (r.Gate != "") == gated && r.Fault == "" && r.Workload == "" && r.Error == "" && soldOut(r)
+		})
+	}
+	with, without := sale(true), sale(false)
+	if len(with) > 0 && len(without) > 0 {
+		rps := func(r Run) float64 { return r.ThroughputRPS }
+		s += fmt.Sprintf("; a sell-out (%d orders for stock %d, unpaced) answered %.0f/s with the gate, %.2fx `none/atomic` without it, undersold %d",
+			with[0].Requests, with[0].InitialStock, mean(with, rps), mean(with, rps)/mean(without, rps),
+			count(with).undersold)
+	}
+	return s + ".\n"
 }

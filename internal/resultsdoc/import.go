@@ -15,7 +15,8 @@ var (
 	// The first lines of the lab's results.md (loadtest.writeMarkdown).
 	commandLine = regexp.MustCompile("(?m)^`([^`]+)`, [^,]+, (\\S+) wall time\\.$")
 	machineLine = regexp.MustCompile(`(?m)^Machine: (.+)\.$`)
-	outFlag     = regexp.MustCompile(`\s--out[ =]\S+`)
+	// --out and --orderd name paths of the machine the lab ran on.
+	outFlag = regexp.MustCompile(`\s--(out|orderd)[ =]\S+`)
 )
 
 // Import stores the runs of the lab report folders in spec ("NAME=DIR,DIR")
@@ -83,7 +84,7 @@ func Import(dir, spec string) error {
 }
 
 // parseHeader reads the command, wall time and machine from results.md;
-// the command loses its --out (a folder of the machine it ran on).
+// the command loses its --out and --orderd (paths of the machine it ran on).
 func parseHeader(md string) (Lab, error) {
 	c := commandLine.FindStringSubmatch(md)
 	m := machineLine.FindStringSubmatch(md)

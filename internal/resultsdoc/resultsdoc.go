@@ -29,6 +29,7 @@ type Run struct {
 	Workers         int            `json:"workers"`
 	Status          map[string]int `json:"status"`
 	InitialStock    int            `json:"initial_stock"`
+	Undersold       int            `json:"undersold"`
 	OrderedQuantity int            `json:"ordered_quantity"`
 	Oversold        int            `json:"oversold"`
 	LostUpdates     int            `json:"lost_updates"`
@@ -50,7 +51,8 @@ type Run struct {
 	StaleRefused  int      `json:"stale_writes_refused"`
 	NotFired      bool     `json:"fault_not_fired"`
 	NotApplicable bool     `json:"not_applicable"`
-	Workload      string   `json:"workload"`
+	Workload      string   `json:"workload"` // "reservations", "ceiling", or "" for orders
+	Gate          string   `json:"gate"`     // "redis" for the stock gate
 	DurationS     float64  `json:"duration_s"`
 	Batches       struct {
 		Writes int `json:"writes"` // transactions that sold orders
@@ -76,6 +78,9 @@ type Evidence struct {
 	Default []Run // go run ./cmd/lab
 	Sweep   []Run // lab --sweep
 	Faults  []Run // lab --fault ...
+	// Gate holds the stock gate's labs: a sweep with the HTTP ceiling, a
+	// sell-out, and its faults (gate.json).
+	Gate []Run
 }
 
 // LabsFile lists the labs behind the results files.
@@ -91,7 +96,7 @@ func Load(dir string) (Evidence, error) {
 	if err := json.Unmarshal(b, &ev.Labs); err != nil {
 		return ev, fmt.Errorf("%s: %w", LabsFile, err)
 	}
-	for _, name := range []string{"default", "sweep", "faults"} {
+	for _, name := range []string{"default", "sweep", "faults", "gate"} {
 		runs, err := readRuns(filepath.Join(dir, name+".json"))
 		if err != nil {
 			return ev, err
@@ -103,6 +108,8 @@ func Load(dir string) (Evidence, error) {
 			ev.Sweep = runs
 		case "faults":
 			ev.Faults = runs
+		case "gate":
+			ev.Gate = runs
 		}
 	}
 	return ev, nil

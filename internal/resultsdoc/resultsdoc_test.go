@@ -91,6 +91,32 @@ func TestBlocksFromFixture(t *testing.T) {
 	}
 }
 
+// TestGateRowsFromFixture: the stock gate's rows of the decision table
+// come from gate.json alone: the gated runs' means (not the ungated
+// none/atomic's), their ratio to the mean of the ceiling runs' answers per
+// second, their fault runs with what the unsafe ones oversold (and the
+// runs without a fault that were unsafe too), and the
+// sell-out's answers/s with the gate over without it.
+func TestGateRowsFromFixture(t *testing.T) {
+	choose := Blocks(fixture(t))["choose"]
+	for _, want := range []string{
+		// (1000+1400)/2 = 1200 orders/s, p99 (40+60)/2 = 50, over the ceiling (3000+5000)/2 = 4000.
+		"| `none/atomic+gate` | safe 2/2: redis-restart | 1200, 50; 0.30 of the ceiling | one Redis holding the stock counter",
+		"| `none/none+gate` | safe 1/2; **unsafe** redis-restart 1/2: **3 oversold**, 100 lost upd; **unsafe without a fault too**: 1/1 runs, 50 lost upd | 1600, 30; 0.40 of the ceiling |",
+		// 1200 over the ungated none/atomic's 900 in gate.json (not the sweep's 800).
+		"means of 1 to 2 runs, 2 seeded runs per fault; `none/atomic+gate` at 1.33x `none/atomic` of the same lab; the ceiling, `GET /healthz` through the same balancer and replicas: 4000 answers/s",
+		"a sell-out (10000 orders for stock 100, unpaced) answered 800/s with the gate, 2.00x `none/atomic` without it, undersold 2.",
+	} {
+		if !strings.Contains(choose, want) {
+			t.Errorf("the choose block lacks %q:\n%s", want, choose)
+		}
+	}
+	// The ungated none/atomic row still comes from the sweep, not gate.json.
+	if !strings.Contains(choose, "| `none/atomic` | no lock, no holder: the lock faults do not apply | 800, 150 |") {
+		t.Errorf("the none/atomic row changed:\n%s", choose)
+	}
+}
+
 func TestRewrite(t *testing.T) {
 	doc := "intro\n<!-- results:a -->\nold\nlines\n<!-- /results:a -->\nmiddle\n<!-- results:b -->\n<!-- /results:b -->\nend\n"
 	got, err := Rewrite(doc, map[string]string{"a": "new\n", "b": "B"})
@@ -113,7 +139,7 @@ func TestRewrite(t *testing.T) {
 }
 
 func TestParseHeader(t *testing.T) {
-	md := "# oversold lab results\n\n`lab --sweep --out /tmp/x --backends redis`, 2026-01-02 03:04 UTC, 2m10s wall time.\n\nMachine: Some CPU, 2 cores, Debian (Linux 6.1), go1.26.\n\n| run |"
+	md := "# oversold lab results\n\n`lab --sweep --out /tmp/x --orderd /tmp/y/orderd --backends redis`, 2026-01-02 03:04 UTC, 2m10s wall time.\n\nMachine: Some CPU, 2 cores, Debian (Linux 6.1), go1.26.\n\n| run |"
 	lab, err := parseHeader(md)
 	if err != nil {
 		t.Fatal(err)
