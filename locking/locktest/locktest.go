@@ -944,7 +944,7 @@ func footprintLine(before, after map[string]int) string {
 const childEnv = "OVERSOLD_LOCKTEST_CHILD"
 
 type request struct {
-	Mode   string // "hold": acquire, say "held", wait for stdin to close; "count": say "ready", wait for a line on stdin, increment a file counter under the lock
+	Mode   string          // "hold": acquire, say "held", wait for stdin to close; "count": say "ready", wait for a line on stdin, increment a file counter under the lock
 	Watch  bool            // "hold": meanwhile print whether Lost is open (watchLost)
 	Config json.RawMessage // b.Config, for the open given to Main
 	Key    string
