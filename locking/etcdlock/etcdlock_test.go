@@ -20,12 +20,31 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
-	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/etcdlock"
 	"github.com/oversold-lab/oversold/locking/locktest"
 )
 
-func TestMain(m *testing.M) { locktest.Main(m) }
+// config is what the suite opens a Locker from.
+type config struct {
+	Endpoints []string
+	TTL       time.Duration
+}
+
+// open is how the suite opens this backend, here and in its helper processes.
+func open(ctx context.Context, c config) (locking.Locker, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	l, err := etcdlock.New(ctx, cli, etcdlock.Config{TTL: c.TTL})
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	return locktest.Closing(l, cli.Close), nil
+}
+
+func TestMain(m *testing.M) { locktest.Main(m, open) }
 
 // ttl is etcd's minimum lease TTL with default election settings (1.5
 // election timeouts, rounded up to whole seconds).
@@ -38,9 +57,10 @@ func TestConformance(t *testing.T) { conformance(t, testbed.Etcd(t)) }
 func TestConformanceCluster(t *testing.T) { conformance(t, testbed.EtcdCluster(t)) }
 
 func conformance(t *testing.T, endpoints []string) {
-	locktest.Run(t, locktest.Backend{
+	locktest.Run(t, locktest.Backend[config]{
 		Name:   "etcd",
-		Config: backends.Config{EtcdEndpoints: endpoints, TTL: ttl},
+		Config: config{Endpoints: endpoints, TTL: ttl},
+		TTL:    ttl,
 		// Replace the holder's key (the oldest in the key's queue) with a
 		// rival's key without a lease, which then holds the lock.
 		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
@@ -63,7 +83,7 @@ func conformance(t *testing.T, endpoints []string) {
 				})
 			}, err
 		},
-		QueueConfig: &backends.Config{EtcdEndpoints: endpoints, TTL: ttl},
+		QueueConfig: &config{Endpoints: endpoints, TTL: ttl},
 		Leftovers:   queueLength(endpoints),
 		State: func(ctx context.Context) (state string, err error) {
 			err = withClient(endpoints, func(c *clientv3.Client) error {
@@ -98,7 +118,7 @@ func conformance(t *testing.T, endpoints []string) {
 			return fp, err
 		},
 		Servers: endpoints,
-		Through: func(addrs []string) backends.Config { return backends.Config{EtcdEndpoints: addrs, TTL: ttl} },
+		Through: func(addrs []string) config { return config{Endpoints: addrs, TTL: ttl} },
 		Expiry:  ttl,
 	})
 }
@@ -321,9 +341,10 @@ func BenchmarkHotKey(b *testing.B) {
 func TestCancelWhileServerPaused(t *testing.T) {
 	srv := locktest.PrivateServer(t, testbed.StartEtcd)
 	endpoints := []string{srv.Addr}
-	locktest.CancelWhileServerPaused(t, locktest.Backend{
+	locktest.CancelWhileServerPaused(t, locktest.Backend[config]{
 		Name:      "etcd",
-		Config:    backends.Config{EtcdEndpoints: endpoints, TTL: 5 * time.Second}, // outlives the pause
+		Config:    config{Endpoints: endpoints, TTL: 5 * time.Second}, // outlives the pause
+		TTL:       5 * time.Second,
 		Leftovers: queueLength(endpoints),
 	}, srv)
 }

@@ -23,7 +23,7 @@ import (
 // racing to the server at the same moment can swap).
 //
 // It asserts order, not time; the figures are logged with -v.
-func FairHandoff(t *testing.T, b Backend, contenders, grants int) {
+func FairHandoff[C any](t *testing.T, b Backend[C], contenders, grants int) {
 	maxOvertakes := contenders - 1
 	lockers := make([]locking.Locker, contenders)
 	for i := range lockers {

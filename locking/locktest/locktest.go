@@ -1,16 +1,23 @@
 // Package locktest is the one conformance suite every lock backend passes.
 //
-// A backend's test file only wires it up:
+// A backend's test file only wires it up: it gives the suite the one
+// function that opens its Locker from a config of its own, and a config.
 //
-//	func TestMain(m *testing.M) { locktest.Main(m) }
+//	type config struct{ Addr string; TTL time.Duration }
+//
+//	func open(ctx context.Context, c config) (locking.Locker, error) { ... }
+//
+//	func TestMain(m *testing.M) { locktest.Main(m, open) }
 //
 //	func TestConformance(t *testing.T) {
-//		locktest.Run(t, locktest.Backend{Name: "redis", Config: backends.Config{RedisAddr: testbed.Redis(t)}, ...})
+//		locktest.Run(t, locktest.Backend[config]{Name: "redis", Config: config{testbed.Redis(t), time.Second}, TTL: time.Second, ...})
 //	}
 //
-// The suite opens the backend through backends.Open, in the test process and
-// in helper processes (the test binary started again in helper mode), so the
-// claims it checks hold across OS processes, not only goroutines.
+// The suite opens every Locker with that function, in the test process and
+// in helper processes (the test binary started again, which Main serves
+// with the same function and the config sent as JSON), so the claims it
+// checks hold across OS processes, not only goroutines, and a backend needs
+// nothing but its own package to run them.
 package locktest
 
 import (
@@ -37,15 +44,18 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
-	"github.com/oversold-lab/oversold/locking/backends"
 )
 
-// Backend describes the backend under test.
-type Backend struct {
-	// Name and Config open the backend with backends.Open, here and in
-	// helper processes.
-	Name   string
-	Config backends.Config
+// Backend describes the backend under test. C is the config its open
+// function (given to Main) takes: plain data, as it travels to helper
+// processes as JSON.
+type Backend[C any] struct {
+	// Name labels the backend in logs.
+	Name string
+	// Config opens the backend, here and in helper processes.
+	Config C
+	// TTL is the lease TTL Config sets (not needed when InProcess).
+	TTL time.Duration
 	// InProcess marks a lock that is exclusive only within one process
 	// (local): the cross-process, expiry and theft checks do not apply.
 	InProcess bool
@@ -56,7 +66,7 @@ type Backend struct {
 	// QueueConfig, if set, is Config with the waiters' fallback timers
 	// turned off, so only a wake-up can end a wait: the queue test runs
 	// with it.
-	QueueConfig *backends.Config
+	QueueConfig *C
 	// Leftovers counts what the server holds for key (keys, znodes, rows).
 	Leftovers func(ctx context.Context, key string) (int, error)
 	// Expiry bounds how long a dead holder's lock takes to free; 0 = the TTL.
@@ -74,35 +84,59 @@ type Backend struct {
 	// each server: Servers are their addresses (host:port) as Config
 	// names them, Through is Config naming addrs, one per server, instead.
 	Servers []string
-	Through func(addrs []string) backends.Config
+	Through func(addrs []string) C
 }
 
-func (b Backend) ttl() time.Duration {
-	if b.Config.TTL > 0 {
-		return b.Config.TTL
-	}
-	return backends.DefaultTTL
-}
+func (b Backend[C]) ttl() time.Duration { return b.TTL }
 
-func (b Backend) expiry() time.Duration {
+func (b Backend[C]) expiry() time.Duration {
 	if b.Expiry > 0 {
 		return b.Expiry
 	}
 	return b.ttl()
 }
 
-// Main is the TestMain of a backend package: it serves helper-process
-// requests, and otherwise runs the tests and stops the shared servers.
-func Main(m *testing.M) {
+// opener is the open function given to Main, a
+// func(context.Context, C) (locking.Locker, error). Main sets it once,
+// before any test runs.
+var opener any
+
+// Main is the TestMain of a backend package: open is how the suite opens
+// the backend's Lockers, in this process and in helper processes. Main
+// serves a helper-process request, or else runs the tests and stops the
+// shared servers.
+func Main[C any](m *testing.M, open func(ctx context.Context, cfg C) (locking.Locker, error)) {
+	opener = open
 	if spec := os.Getenv(childEnv); spec != "" {
-		os.Exit(child(spec))
+		os.Exit(child(spec, open))
 	}
 	testbed.Main(m)
 }
 
+// openConfig opens a Locker from cfg as a helper process would: with the
+// function given to Main, after a JSON round trip of cfg.
+func openConfig[C any](ctx context.Context, cfg C) (locking.Locker, error) {
+	open, ok := opener.(func(context.Context, C) (locking.Locker, error))
+	if !ok {
+		return nil, fmt.Errorf("locktest: TestMain must call locktest.Main(m, open) with an open taking a %T", cfg)
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("locktest: the config travels to helper processes as JSON: %w", err)
+	}
+	var sent C
+	if err := json.Unmarshal(raw, &sent); err != nil {
+		return nil, fmt.Errorf("locktest: the config travels to helper processes as JSON: %w", err)
+	}
+	return open(ctx, sent)
+}
+
 // Run checks every promise of the locking contract against b.
-func Run(t *testing.T, b Backend) {
+func Run[C any](t *testing.T, b Backend[C]) {
 	t.Helper()
+	if !b.InProcess && b.TTL <= 0 {
+		t.Fatal("locktest: Backend.TTL must be the lease TTL its Config sets")
+	}
 	// Goroutines alive now (servers, shared clients) are not the backend's.
 	ignore := append(testbed.GoleakOptions(), goleak.IgnoreCurrent())
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore...) })
@@ -169,7 +203,7 @@ func Run(t *testing.T, b Backend) {
 
 // pair returns two Lockers with separate clients, or for an in-process
 // backend one Locker twice (two would not exclude each other).
-func pair(t *testing.T, b Backend) []locking.Locker {
+func pair[C any](t *testing.T, b Backend[C]) []locking.Locker {
 	first := open(t, b)
 	if b.InProcess {
 		return []locking.Locker{first, first}
@@ -178,9 +212,9 @@ func pair(t *testing.T, b Backend) []locking.Locker {
 }
 
 // open opens a Locker with its own clients, closed when the test ends.
-func open(t *testing.T, b Backend) locking.Locker {
+func open[C any](t *testing.T, b Backend[C]) locking.Locker {
 	t.Helper()
-	l, err := backends.Open(t.Context(), b.Name, b.Config)
+	l, err := openConfig(t.Context(), b.Config)
 	if err != nil {
 		t.Fatalf("open %s: %v", b.Name, err)
 	}
@@ -276,7 +310,7 @@ func hammer(t *testing.T, lockers []locking.Locker, key string, workers, rounds 
 	}
 }
 
-func releaseByOwnerOnly(t *testing.T, b Backend, key string) {
+func releaseByOwnerOnly[C any](t *testing.T, b Backend[C], key string) {
 	lockers := pair(t, b)
 	a, c := lockers[0], lockers[1]
 	first, err := a.Acquire(t.Context(), key)
@@ -328,7 +362,7 @@ func refused(t *testing.T, l locking.Locker, key string, d time.Duration) bool {
 	}
 }
 
-func waitDeadline(t *testing.T, b Backend, key string) {
+func waitDeadline[C any](t *testing.T, b Backend[C], key string) {
 	lockers := pair(t, b)
 	holder, waiter := lockers[0], lockers[1]
 	held, err := holder.Acquire(t.Context(), key)
@@ -389,7 +423,7 @@ func waitDeadline(t *testing.T, b Backend, key string) {
 // after Acquire returned (a Redlock waiter's leave goes to each node once
 // the attempt's own request there has ended: under -race, with other
 // packages' tests beside it, 2s was once not enough in CI).
-func leftovers(t *testing.T, b Backend, key string, want int) int {
+func leftovers[C any](t *testing.T, b Backend[C], key string, want int) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -408,8 +442,8 @@ func leftovers(t *testing.T, b Backend, key string, want int) int {
 
 // closedRefuses checks that a closed Locker's Acquire fails rather than
 // hand out a lease nobody renews.
-func closedRefuses(t *testing.T, b Backend, key string) {
-	l, err := backends.Open(t.Context(), b.Name, b.Config)
+func closedRefuses[C any](t *testing.T, b Backend[C], key string) {
+	l, err := openConfig(t.Context(), b.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,7 +458,7 @@ func closedRefuses(t *testing.T, b Backend, key string) {
 	}
 }
 
-func tokensIncrease(t *testing.T, b Backend, key string) {
+func tokensIncrease[C any](t *testing.T, b Backend[C], key string) {
 	lockers := pair(t, b)
 	var first, last uint64
 	for i := range 6 {
@@ -446,7 +480,7 @@ func tokensIncrease(t *testing.T, b Backend, key string) {
 	}
 }
 
-func renewalKeepsLease(t *testing.T, b Backend, key string) {
+func renewalKeepsLease[C any](t *testing.T, b Backend[C], key string) {
 	lockers := pair(t, b)
 	holder, rival := lockers[0], lockers[1]
 	lease, err := holder.Acquire(t.Context(), key)
@@ -473,7 +507,7 @@ func renewalKeepsLease(t *testing.T, b Backend, key string) {
 // compare-and-delete release and an owner-checked renewal keep: Lost
 // closes, the stale lease's Release reaches the server and answers
 // ErrNotHeld, and the rival's claim survives that release.
-func lostWhenTakenOver(t *testing.T, b Backend, key string) {
+func lostWhenTakenOver[C any](t *testing.T, b Backend[C], key string) {
 	lockers := pair(t, b)
 	lease, err := lockers[0].Acquire(t.Context(), key)
 	if err != nil {
@@ -518,7 +552,7 @@ func lostWhenTakenOver(t *testing.T, b Backend, key string) {
 // fallback timers off, cancels the middle one, and checks that each
 // release still wakes the next live waiter promptly: a wake-up handed to
 // the cancelled waiter, or a queue that forgets it, would stall.
-func cancelledWaiterMidQueue(t *testing.T, b Backend, key string) {
+func cancelledWaiterMidQueue[C any](t *testing.T, b Backend[C], key string) {
 	qb := b
 	qb.Config = *b.QueueConfig
 	lockers := []locking.Locker{open(t, qb), open(t, qb), open(t, qb), open(t, qb)}
@@ -574,7 +608,7 @@ func cancelledWaiterMidQueue(t *testing.T, b Backend, key string) {
 // queueGrows reads what the server holds for key and returns a wait for
 // that to grow: a waiter started meanwhile has queued. Without Leftovers it
 // sleeps 200 ms instead.
-func queueGrows(t *testing.T, b Backend, key string) func() {
+func queueGrows[C any](t *testing.T, b Backend[C], key string) func() {
 	t.Helper()
 	if b.Leftovers == nil {
 		return func() { time.Sleep(200 * time.Millisecond) }
@@ -599,8 +633,8 @@ func queueGrows(t *testing.T, b Backend, key string) func() {
 	}
 }
 
-func killedHolderFrees(t *testing.T, b Backend, key string) {
-	holder := startChild(t, request{Mode: "hold", Name: b.Name, Config: b.Config, Key: key})
+func killedHolderFrees[C any](t *testing.T, b Backend[C], key string) {
+	holder := startChild(t, request{Mode: "hold", Config: config(t, b), Key: key})
 	if _, err := holder.expect("held"); err != nil {
 		t.Fatal(err)
 	}
@@ -620,12 +654,12 @@ func killedHolderFrees(t *testing.T, b Backend, key string) {
 	release(t, lease)
 }
 
-func exclusiveAcrossProcesses(t *testing.T, b Backend, key string) {
+func exclusiveAcrossProcesses[C any](t *testing.T, b Backend[C], key string) {
 	dir := t.TempDir()
 	const procs, rounds = 3, 15
 	children := make([]*childProc, procs)
 	for i := range children {
-		children[i] = startChild(t, request{Mode: "count", Name: b.Name, Config: b.Config, Key: key, Dir: dir, Rounds: rounds})
+		children[i] = startChild(t, request{Mode: "count", Config: config(t, b), Key: key, Dir: dir, Rounds: rounds})
 	}
 	// A start barrier: every child has opened its Locker before any starts
 	// counting, so their rounds overlap instead of running one after another.
@@ -678,7 +712,7 @@ func privateServer(t *testing.T, start func(context.Context, testbed.Options) (*
 // server b.Config points at) is paused returns at once, leaving the removal
 // of its queue entry to the background, and that the removal lands once the
 // server is back. b needs Leftovers.
-func CancelWhileServerPaused(t *testing.T, b Backend, srv *testbed.Server) {
+func CancelWhileServerPaused[C any](t *testing.T, b Backend[C], srv *testbed.Server) {
 	lockers := pair(t, b)
 	const key = "sku/cancelled"
 	held, err := lockers[0].Acquire(t.Context(), key)
@@ -737,7 +771,7 @@ const keysEnv = "OVERSOLD_LOCKTEST_KEYS"
 // goroutine, timer, watch or subscription kept per key ever used would grow
 // with them) and that released keys leave nothing behind. It logs the figures, and the
 // server's State.
-func manyKeys(t *testing.T, b Backend, prefix string) {
+func manyKeys[C any](t *testing.T, b Backend[C], prefix string) {
 	n := 1000
 	if v, err := strconv.Atoi(os.Getenv(keysEnv)); err == nil && v > 0 {
 		n = v
@@ -846,7 +880,7 @@ func firstWait(t *testing.T, l locking.Locker, key string) {
 }
 
 // footprint reads b.Footprint, nil without one.
-func footprint(t *testing.T, b Backend) map[string]int {
+func footprint[C any](t *testing.T, b Backend[C]) map[string]int {
 	t.Helper()
 	if b.Footprint == nil {
 		return nil
@@ -863,7 +897,7 @@ func footprint(t *testing.T, b Backend) map[string]int {
 // settledFootprint is the footprint once it stops falling (a second
 // without change, within 15s): what a warm Locker holds, once the server
 // has reaped what the warm-up left to reap.
-func settledFootprint(t *testing.T, b Backend) map[string]int {
+func settledFootprint[C any](t *testing.T, b Backend[C]) map[string]int {
 	t.Helper()
 	fp := footprint(t, b)
 	for deadline := time.Now().Add(15 * time.Second); fp != nil && time.Now().Before(deadline); {
@@ -880,7 +914,7 @@ func settledFootprint(t *testing.T, b Backend) map[string]int {
 // footprintBack waits up to 15s for every count to come back to was (the
 // server reaps empty parents, watches end with their leases), and returns
 // the last reading.
-func footprintBack(t *testing.T, b Backend, was map[string]int) map[string]int {
+func footprintBack[C any](t *testing.T, b Backend[C], was map[string]int) map[string]int {
 	t.Helper()
 	fp := footprint(t, b)
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); fp = footprint(t, b) {
@@ -910,13 +944,22 @@ func footprintLine(before, after map[string]int) string {
 const childEnv = "OVERSOLD_LOCKTEST_CHILD"
 
 type request struct {
-	Mode   string // "hold": acquire, say "held", wait for stdin to close; "count": say "ready", wait for a line on stdin, increment a file counter under the lock
-	Watch  bool   // "hold": meanwhile print whether Lost is open (watchLost)
-	Name   string
-	Config backends.Config
+	Mode   string          // "hold": acquire, say "held", wait for stdin to close; "count": say "ready", wait for a line on stdin, increment a file counter under the lock
+	Watch  bool            // "hold": meanwhile print whether Lost is open (watchLost)
+	Config json.RawMessage // b.Config, for the open given to Main
 	Key    string
 	Dir    string
 	Rounds int
+}
+
+// config is b.Config as a request carries it.
+func config[C any](t *testing.T, b Backend[C]) json.RawMessage {
+	t.Helper()
+	raw, err := json.Marshal(b.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }
 
 type childProc struct {
@@ -985,16 +1028,24 @@ func (c *childProc) expect(word string) (string, error) {
 	}
 }
 
-// child runs one helper-process request and returns the exit status.
-func child(spec string) int {
-	var req request
+// child runs one helper-process request, opening the backend with open,
+// and returns the exit status.
+func child[C any](spec string, open func(context.Context, C) (locking.Locker, error)) int {
+	var (
+		req request
+		cfg C
+	)
 	if err := json.Unmarshal([]byte(spec), &req); err != nil {
+		fmt.Fprintln(os.Stderr, "locktest child:", err)
+		return 2
+	}
+	if err := json.Unmarshal(req.Config, &cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "locktest child:", err)
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l, err := backends.Open(ctx, req.Name, req.Config)
+	l, err := open(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "locktest child:", err)
 		return 1
@@ -1066,4 +1117,23 @@ func countOnce(ctx context.Context, l locking.Locker, req request) error {
 		return err
 	}
 	return os.Remove(marker)
+}
+
+// Closing returns l with a Close that, after l's, closes the clients an
+// open function made for it (the suite requires none left running).
+func Closing(l locking.Locker, closers ...func() error) locking.Locker {
+	return closing{Locker: l, closers: closers}
+}
+
+type closing struct {
+	locking.Locker
+	closers []func() error
+}
+
+func (c closing) Close() error {
+	errs := []error{c.Locker.Close()}
+	for _, close := range c.closers {
+		errs = append(errs, close())
+	}
+	return errors.Join(errs...)
 }

@@ -23,8 +23,8 @@ import (
 // stamped after the rival's grant is a holder that went on believing it
 // held the lock. A Lost that closes only when a timer gets to run races
 // the holder's first check after the pause.
-func lostWhenPaused(t *testing.T, b Backend, key string) {
-	holder := startChild(t, request{Mode: "hold", Watch: true, Name: b.Name, Config: b.Config, Key: key})
+func lostWhenPaused[C any](t *testing.T, b Backend[C], key string) {
+	holder := startChild(t, request{Mode: "hold", Watch: true, Config: config(t, b), Key: key})
 	if line, err := holder.expect("held"); err != nil {
 		t.Fatalf("holder: %v (last line %q)", err, line)
 	}
@@ -103,7 +103,7 @@ func lostWhenPaused(t *testing.T, b Backend, key string) {
 // which reaches the servers directly, is granted the key. The holder is
 // running all along, so its first look at Lost after that grant must find
 // it closed (Lost reads the clock: no goroutine needs to have run).
-func lostWhenDelayed(t *testing.T, b Backend, key string) {
+func lostWhenDelayed[C any](t *testing.T, b Backend[C], key string) {
 	proxies := make(testbed.Proxies, len(b.Servers))
 	addrs := make([]string, len(b.Servers))
 	for i, upstream := range b.Servers {

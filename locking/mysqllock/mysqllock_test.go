@@ -12,28 +12,47 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
-	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/locktest"
+	"github.com/oversold-lab/oversold/locking/mysqllock"
 )
 
-func TestMain(m *testing.M) { locktest.Main(m) }
+// config is what the suite opens a Locker from.
+type config struct {
+	DSN string
+	TTL time.Duration
+}
+
+// open is how the suite opens this backend, here and in its helper
+// processes: a pool of its own, sized for the lock, its statements kept
+// out of the binary log, the server checked (OpenDB).
+func open(ctx context.Context, c config) (locking.Locker, error) {
+	db, err := mysqllock.OpenDB(ctx, c.DSN)
+	if err != nil {
+		return nil, err
+	}
+	return locktest.Closing(mysqllock.New(db, mysqllock.Config{TTL: c.TTL}), db.Close), nil
+}
+
+func TestMain(m *testing.M) { locktest.Main(m, open) }
 
 func TestConformance(t *testing.T) {
 	dsn := testbed.MySQL(t)
 	var (
 		servers []string
-		through func([]string) backends.Config
+		through func([]string) config
 	)
 	if cfg, err := mysql.ParseDSN(dsn); err == nil && cfg.Net == "tcp" {
 		servers = []string{cfg.Addr}
-		through = func(addrs []string) backends.Config {
+		through = func(addrs []string) config {
 			cfg.Addr = addrs[0]
-			return backends.Config{MySQLDSN: cfg.FormatDSN(), TTL: time.Second}
+			return config{DSN: cfg.FormatDSN(), TTL: time.Second}
 		}
 	}
-	locktest.Run(t, locktest.Backend{
+	locktest.Run(t, locktest.Backend[config]{
 		Name:   "mysql",
-		Config: backends.Config{MySQLDSN: dsn, TTL: time.Second},
+		Config: config{DSN: dsn, TTL: time.Second},
+		TTL:    time.Second,
 		// Hand the row to another owner for a minute, as a holder that took
 		// over after a pause would: the victim's next renewal matches no row.
 		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
@@ -82,7 +101,7 @@ func withDB(ctx context.Context, dsn string, f func(*sql.DB) error) error {
 
 // BenchmarkAcquireRelease measures one uncontended acquire and release.
 func BenchmarkAcquireRelease(b *testing.B) {
-	l, err := backends.Open(b.Context(), "mysql", backends.Config{MySQLDSN: testbed.MySQL(b)})
+	l, err := open(b.Context(), config{DSN: testbed.MySQL(b), TTL: 10 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -103,7 +122,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 // again as soon as they release: handoffs/s counts every grant, and
 // switches/s only those to a different contender than the previous one.
 func BenchmarkHotKey(b *testing.B) {
-	l, err := backends.Open(b.Context(), "mysql", backends.Config{MySQLDSN: testbed.MySQL(b)})
+	l, err := open(b.Context(), config{DSN: testbed.MySQL(b), TTL: 10 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}

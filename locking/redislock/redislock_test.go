@@ -11,15 +11,33 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
-	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/redislock"
 )
 
-func TestMain(m *testing.M) { locktest.Main(m) }
+// config is what the suite opens a Locker from.
+type config struct {
+	Addr         string // one address, or a Cluster's joined by commas
+	TTL          time.Duration
+	FallbackWait time.Duration // 0: the default jittered fallback timer
+}
 
-func lockKey(key string) string { return "lock:{" + key + "}" } // the default prefix, as backends.Open uses
+// open is how the suite opens this backend, here and in its helper processes.
+func open(_ context.Context, c config) (locking.Locker, error) {
+	client, err := redisconn.Open(c.Addr)
+	if err != nil {
+		return nil, err
+	}
+	l := redislock.New(client, redislock.Config{TTL: c.TTL, MinBackoff: c.FallbackWait, MaxBackoff: c.FallbackWait})
+	return locktest.Closing(l, client.Close), nil
+}
+
+func TestMain(m *testing.M) { locktest.Main(m, open) }
+
+func lockKey(key string) string { return "lock:{" + key + "}" } // the default prefix
 
 // takeOver sets another owner's value on the lock key, for a minute.
 func takeOver(ctx context.Context, c redis.Cmdable, key string) (func(context.Context) error, error) {
@@ -34,15 +52,16 @@ func TestConformance(t *testing.T) {
 	addr := testbed.Redis(t)
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { admin.Close() })
-	locktest.Run(t, locktest.Backend{
+	locktest.Run(t, locktest.Backend[config]{
 		Name:    "redis",
-		Config:  backends.Config{RedisAddr: addr, TTL: time.Second},
+		Config:  config{Addr: addr, TTL: time.Second},
+		TTL:     time.Second,
 		Servers: []string{addr},
-		Through: func(addrs []string) backends.Config { return backends.Config{RedisAddr: addrs[0], TTL: time.Second} },
+		Through: func(addrs []string) config { return config{Addr: addrs[0], TTL: time.Second} },
 		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
 			return takeOver(ctx, admin, key)
 		},
-		QueueConfig: &backends.Config{RedisAddr: addr, TTL: time.Minute, FallbackWait: 10 * time.Minute},
+		QueueConfig: &config{Addr: addr, TTL: time.Minute, FallbackWait: 10 * time.Minute},
 		State: func(ctx context.Context) (string, error) {
 			n, err := admin.DBSize(ctx).Result()
 			return fmt.Sprintf("%d Redis keys (a fence counter per lock key ever used)", n), err
@@ -160,9 +179,10 @@ func TestConformanceCluster(t *testing.T) {
 		defer c.Close()
 		return do(c)
 	}
-	locktest.Run(t, locktest.Backend{
+	locktest.Run(t, locktest.Backend[config]{
 		Name:   "redis",
-		Config: backends.Config{RedisAddr: strings.Join(addrs, ","), TTL: time.Second},
+		Config: config{Addr: strings.Join(addrs, ","), TTL: time.Second},
+		TTL:    time.Second,
 		TakeOver: func(ctx context.Context, key string) (drop func(context.Context) error, err error) {
 			err = admin(ctx, func(c *redis.ClusterClient) error { _, err := takeOver(ctx, c, key); return err })
 			drop = func(ctx context.Context) error {
@@ -184,5 +204,5 @@ func TestConformanceCluster(t *testing.T) {
 // A woken waiter keeps its place: newcomers do not jump the queue.
 func TestFairHandoff(t *testing.T) {
 	addr := testbed.Redis(t)
-	locktest.FairHandoff(t, locktest.Backend{Name: "redis", Config: backends.Config{RedisAddr: addr, TTL: 10 * time.Second}}, 6, 300)
+	locktest.FairHandoff(t, locktest.Backend[config]{Name: "redis", Config: config{Addr: addr, TTL: 10 * time.Second}, TTL: 10 * time.Second}, 6, 300)
 }

@@ -12,14 +12,51 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
-	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/redlock"
 )
 
-func TestMain(m *testing.M) { locktest.Main(m) }
+// config is what the suite opens a Locker from.
+type config struct {
+	Addrs        []string
+	TTL          time.Duration
+	NodeTimeout  time.Duration // 0: redlock's default
+	FallbackWait time.Duration // 0: the default jittered fallback timer
+}
+
+// open is how the suite opens this backend, here and in its helper processes.
+func open(_ context.Context, c config) (locking.Locker, error) {
+	var (
+		clients []redis.UniversalClient
+		closers []func() error
+	)
+	for _, addr := range c.Addrs {
+		client, err := redisconn.Open(addr)
+		if err != nil {
+			return nil, errors.Join(append([]error{err}, closeAll(closers)...)...)
+		}
+		clients, closers = append(clients, client), append(closers, client.Close)
+	}
+	l, err := redlock.New(clients, redlock.Config{TTL: c.TTL, NodeTimeout: c.NodeTimeout,
+		MinBackoff: c.FallbackWait, MaxBackoff: c.FallbackWait})
+	if err != nil {
+		return nil, errors.Join(append([]error{err}, closeAll(closers)...)...)
+	}
+	return locktest.Closing(l, closers...), nil
+}
+
+func closeAll(closers []func() error) []error {
+	var errs []error
+	for _, c := range closers {
+		errs = append(errs, c())
+	}
+	return errs
+}
+
+func TestMain(m *testing.M) { locktest.Main(m, open) }
 
 // conformanceNodeTimeout bounds one request to one node in the suite. The
 // default with its 1 s TTL, 50 ms, is shorter than a -race request takes
@@ -31,15 +68,16 @@ const conformanceNodeTimeout = 300 * time.Millisecond
 func TestConformance(t *testing.T) {
 	addrs := testbed.Redises(t, 3)
 	admins := clients(t, addrs)
-	lockKey := func(key string) string { return "lock:{" + key + "}" } // the default prefix, as backends.Open uses
-	config := func(addrs []string) backends.Config {
-		return backends.Config{RedlockAddrs: addrs, TTL: time.Second, RedlockNodeTimeout: conformanceNodeTimeout}
+	lockKey := func(key string) string { return "lock:{" + key + "}" } // the default prefix
+	through := func(addrs []string) config {
+		return config{Addrs: addrs, TTL: time.Second, NodeTimeout: conformanceNodeTimeout}
 	}
-	locktest.Run(t, locktest.Backend{
+	locktest.Run(t, locktest.Backend[config]{
 		Name:    "redlock",
-		Config:  config(addrs),
+		Config:  through(addrs),
+		TTL:     time.Second,
 		Servers: addrs,
-		Through: config,
+		Through: through,
 		// Another owner's value on every node, for a minute.
 		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
 			for _, c := range admins {
@@ -56,7 +94,7 @@ func TestConformance(t *testing.T) {
 				return nil
 			}, nil
 		},
-		QueueConfig: &backends.Config{RedlockAddrs: addrs, TTL: time.Minute, FallbackWait: 10 * time.Minute, RedlockNodeTimeout: conformanceNodeTimeout},
+		QueueConfig: &config{Addrs: addrs, TTL: time.Minute, FallbackWait: 10 * time.Minute, NodeTimeout: conformanceNodeTimeout},
 		// One lease is a key on every node, all with its owner: count the
 		// distinct owners, so that a waiter's key or queue entry left on
 		// any node shows.
@@ -277,5 +315,5 @@ func noLeaks(t *testing.T) {
 // A woken waiter keeps its place: newcomers do not jump the queue.
 func TestFairHandoff(t *testing.T) {
 	addrs := testbed.Redises(t, 3)
-	locktest.FairHandoff(t, locktest.Backend{Name: "redlock", Config: backends.Config{RedlockAddrs: addrs, TTL: 10 * time.Second}}, 6, 300)
+	locktest.FairHandoff(t, locktest.Backend[config]{Name: "redlock", Config: config{Addrs: addrs, TTL: 10 * time.Second}, TTL: 10 * time.Second}, 6, 300)
 }

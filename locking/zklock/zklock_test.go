@@ -19,12 +19,23 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
-	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/zklock"
 )
 
-func TestMain(m *testing.M) { locktest.Main(m) }
+// config is what the suite opens a Locker from.
+type config struct {
+	Servers []string
+	TTL     time.Duration // the session timeout
+}
+
+// open is how the suite opens this backend, here and in its helper
+// processes. The Locker dials ZooKeeper itself: the session is the lease.
+func open(ctx context.Context, c config) (locking.Locker, error) {
+	return zklock.New(ctx, c.Servers, zklock.Config{SessionTimeout: c.TTL})
+}
+
+func TestMain(m *testing.M) { locktest.Main(m, open) }
 
 // ttl is the session timeout for the suite: short, yet safe from spurious
 // expiry on a busy 2-core machine under -race.
@@ -37,9 +48,10 @@ func TestConformance(t *testing.T) { conformance(t, testbed.ZooKeeper(t)) }
 func TestConformanceEnsemble(t *testing.T) { conformance(t, testbed.ZooKeeperEnsemble(t)) }
 
 func conformance(t *testing.T, servers []string) {
-	locktest.Run(t, locktest.Backend{
+	locktest.Run(t, locktest.Backend[config]{
 		Name:   "zookeeper",
-		Config: backends.Config{ZKServers: servers, TTL: ttl},
+		Config: config{Servers: servers, TTL: ttl},
+		TTL:    ttl,
 		// Replace the holder's node (the lowest in the key's queue) with a
 		// rival's persistent one, which then holds the key.
 		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
@@ -62,7 +74,7 @@ func conformance(t *testing.T, servers []string) {
 				return withConn(ctx, servers, func(c *zk.Conn) error { return c.Delete(rival, -1) })
 			}, err
 		},
-		QueueConfig: &backends.Config{ZKServers: servers, TTL: ttl},
+		QueueConfig: &config{Servers: servers, TTL: ttl},
 		Leftovers:   queueLength(servers),
 		State: func(ctx context.Context) (state string, err error) {
 			err = withConn(ctx, servers, func(c *zk.Conn) error {
@@ -105,7 +117,7 @@ func conformance(t *testing.T, servers []string) {
 			return fp, err
 		},
 		Servers: servers,
-		Through: func(addrs []string) backends.Config { return backends.Config{ZKServers: addrs, TTL: ttl} },
+		Through: func(addrs []string) config { return config{Servers: addrs, TTL: ttl} },
 		Expiry:  ttl,
 	})
 }
@@ -417,9 +429,10 @@ func (c *dropCreateReply) Read(p []byte) (int, error) {
 func TestCancelWhileServerPaused(t *testing.T) {
 	srv := locktest.PrivateServer(t, testbed.StartZooKeeper)
 	servers := []string{srv.Addr}
-	locktest.CancelWhileServerPaused(t, locktest.Backend{
+	locktest.CancelWhileServerPaused(t, locktest.Backend[config]{
 		Name:      "zookeeper",
-		Config:    backends.Config{ZKServers: servers, TTL: 4 * time.Second}, // outlives the pause
+		Config:    config{Servers: servers, TTL: 4 * time.Second}, // outlives the pause
+		TTL:       4 * time.Second,
 		Leftovers: queueLength(servers),
 	}, srv)
 }
