@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/storage"
 )
@@ -476,7 +477,7 @@ func retried(ctx context.Context, once func() (storage.Reservation, bool, error)
 		if !errors.Is(err, storage.ErrConflict) || attempt == maxAttempts {
 			return r, replayed, err
 		}
-		if err := sleep(ctx, rand.N(min(retryBase<<attempt, retryCap))); err != nil {
+		if err := clock.Sleep(ctx, rand.N(min(retryBase<<attempt, retryCap))); err != nil {
 			return storage.Reservation{}, false, err
 		}
 	}

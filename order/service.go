@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/inventory"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/storage"
@@ -253,7 +254,7 @@ func (s *Service) place(ctx context.Context, req Request) (o Order, replayed boo
 			return o, replayed, err
 		}
 		backoff := rand.N(min(retryBase<<attempt, retryCap))
-		if err := sleep(ctx, backoff); err != nil {
+		if err := clock.Sleep(ctx, backoff); err != nil {
 			return Order{}, false, err
 		}
 	}
@@ -397,7 +398,7 @@ func (s *Service) readStock(ctx context.Context, sku string, lease locking.Lease
 // and the cache entry gone where the guard builds on it.
 func (s *Service) readyToWrite(ctx context.Context, sku string, lease locking.Lease, n int) error {
 	// 5. business logic inside the critical section: each order's own.
-	if err := sleep(ctx, time.Duration(n)*s.cfg.WorkDelay); err != nil {
+	if err := clock.Sleep(ctx, time.Duration(n)*s.cfg.WorkDelay); err != nil {
 		return err
 	}
 
@@ -885,16 +886,3 @@ func lost(lease locking.Lease) bool {
 }
 
 // sleep waits d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}

@@ -137,6 +137,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/locking"
 )
 
@@ -511,7 +512,7 @@ func (a *acquiring) waitInLine(ctx context.Context) (again bool, err error) {
 	switch {
 	case ws.left > 0 && !ws.holderQueued:
 		// Its holder will not wake us: poll.
-		if err := sleep(ctx, min(jitter(a.poll), ws.left)); err != nil {
+		if err := clock.Sleep(ctx, min(jitter(a.poll), ws.left)); err != nil {
 			return false, fmt.Errorf("acquire %q: %w", a.key, err)
 		}
 		a.poll = min(2*a.poll, l.cfg.MaxPoll)
@@ -545,7 +546,7 @@ func (a *acquiring) waitInLine(ctx context.Context) (again bool, err error) {
 // came in unqueued), or no queue at all.
 func (a *acquiring) pollUntilFree(ctx context.Context) error {
 	for left := a.l.cfg.MaxPoll; left > 0; {
-		if err := sleep(ctx, min(jitter(a.poll), left)); err != nil {
+		if err := clock.Sleep(ctx, min(jitter(a.poll), left)); err != nil {
 			return fmt.Errorf("acquire %q: %w", a.key, err)
 		}
 		a.poll = min(2*a.poll, a.l.cfg.MaxPoll)
@@ -713,7 +714,7 @@ func (l *Locker) learnEpoch(ctx context.Context) error {
 		return fmt.Errorf("epoch: %w", err)
 	}
 	if grace > 0 {
-		return sleep(ctx, grace)
+		return clock.Sleep(ctx, grace)
 	}
 	return nil
 }
@@ -1091,15 +1092,4 @@ func jitter(d time.Duration) time.Duration {
 		return d
 	}
 	return d/2 + mrand.N(d/2)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
