@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/inventory"
@@ -146,7 +147,7 @@ func TestFencingAfterCacheFailover(t *testing.T) {
 		if role, _ := c.Role(ctx, reps[0]); role == "master" {
 			break
 		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, 50*time.Millisecond); err != nil {
 			t.Fatal("the replica was not promoted")
 		}
 	}
@@ -155,7 +156,7 @@ func TestFencingAfterCacheFailover(t *testing.T) {
 	// then: fencing needs the cache).
 	var rec *httptest.ResponseRecorder
 	for rec = post(h, sku, 1); rec.Code == http.StatusServiceUnavailable; rec = post(h, sku, 1) {
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, 100*time.Millisecond); err != nil {
 			t.Fatalf("still 503 after the failover: %s", rec.Body)
 		}
 	}
@@ -174,13 +175,4 @@ func masterOfKey(ctx context.Context, c *testbed.Cluster, key string) (int, erro
 		return -1, err
 	}
 	return c.MasterOf(ctx, slot)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
-	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/inventory"
 	"github.com/oversold-lab/oversold/storage"
 )
@@ -185,7 +186,7 @@ func (s *Service) placeGated(ctx context.Context, req Request) (Order, bool, err
 		tag := gateTag("order", req.Key, req.id)
 		err := s.gateTake(ctx, "order", tag, req.id, lines)
 		if errors.Is(err, inventory.ErrInFlight) { // the key's first try is in flight
-			if err := sleep(ctx, inFlightPoll); err != nil {
+			if err := clock.Sleep(ctx, inFlightPoll); err != nil {
 				return Order{}, false, err
 			}
 			continue
@@ -236,7 +237,7 @@ func (s *Service) holdGated(ctx context.Context, req HoldRequest) (storage.Reser
 		tag := gateTag("hold", req.Key, req.id)
 		err := s.gateTake(ctx, "hold", tag, req.id, lines)
 		if errors.Is(err, inventory.ErrInFlight) {
-			if err := sleep(ctx, inFlightPoll); err != nil {
+			if err := clock.Sleep(ctx, inFlightPoll); err != nil {
 				return storage.Reservation{}, false, err
 			}
 			continue

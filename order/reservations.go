@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/storage"
 )
@@ -378,6 +379,20 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (
 	s.reservationHook(ctx, HookSettleBeforeWrite, id, opOf[to], r.Lines[0].SKU, hookToken, "")
 
 	epoch := s.epoch.Load()
+	st, moves := s.settlement(id, r, to, seen, leases, epoch, sweepToken)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	done, after, err := s.store.Settle(wctx, s.cfg.Guard, st, moves)
+	cancel()
+	// After the write, a context of its own: the write's may be what ran
+	// out (a slow MySQL), and the request's may have ended meanwhile.
+	actx, cancel := afterCommit(ctx)
+	defer cancel()
+	return s.settleOutcome(actx, id, r, to, leases, done, after, err)
+}
+
+// settlement is the write that moves reservation id (read as r) to status to: each line's stock
+// and reserved counts, guarded by the row seen, and for a confirm its order.
+func (s *Service) settlement(id string, r storage.Reservation, to string, seen map[string]storage.Inventory, leases *locking.Leases, epoch, sweepToken uint64) (storage.Settlement, []storage.Move) {
 	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, SweepEpoch: epoch, SweepToken: sweepToken}
 	moves := make([]storage.Move, len(r.Lines))
 	for i, l := range r.Lines {
@@ -388,13 +403,13 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (
 			st.Orders = append(st.Orders, s.reservationOrder(id, l, tok))
 		}
 	}
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	done, after, err := s.store.Settle(wctx, s.cfg.Guard, st, moves)
-	cancel()
-	// After the write, a context of its own: the write's may be what ran
-	// out (a slow MySQL), and the request's may have ended meanwhile.
-	actx, cancel := afterCommit(ctx)
-	defer cancel()
+	return st, moves
+}
+
+// settleOutcome answers the settlement of reservation id (read as r) to status to from the write's
+// outcome (done, after, err), refreshing what the write may have left stale.
+// actx is not the request's: the write is over, whatever ended meanwhile.
+func (s *Service) settleOutcome(actx context.Context, id string, r storage.Reservation, to string, leases *locking.Leases, done storage.Reservation, after []storage.Inventory, err error) (storage.Reservation, error) {
 	switch {
 	case err == nil:
 		s.cacheRows(actx, after, leases)
@@ -462,7 +477,7 @@ func retried(ctx context.Context, once func() (storage.Reservation, bool, error)
 		if !errors.Is(err, storage.ErrConflict) || attempt == maxAttempts {
 			return r, replayed, err
 		}
-		if err := sleep(ctx, rand.N(min(retryBase<<attempt, retryCap))); err != nil {
+		if err := clock.Sleep(ctx, rand.N(min(retryBase<<attempt, retryCap))); err != nil {
 			return storage.Reservation{}, false, err
 		}
 	}

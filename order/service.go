@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/inventory"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/storage"
@@ -253,7 +254,7 @@ func (s *Service) place(ctx context.Context, req Request) (o Order, replayed boo
 			return o, replayed, err
 		}
 		backoff := rand.N(min(retryBase<<attempt, retryCap))
-		if err := sleep(ctx, backoff); err != nil {
+		if err := clock.Sleep(ctx, backoff); err != nil {
 			return Order{}, false, err
 		}
 	}
@@ -319,24 +320,10 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, 
 	// of them holds once the batch sells again.
 	answer(batch, nil)
 
-	// 3. stock from the cache
-	read := s.stock
-	if fresh {
-		read = s.confirm
-	}
-	item, err := read(ctx, sku, lease)
+	item, err := s.readStock(ctx, sku, lease, batch, fresh) // steps 3 and 4
 	if err != nil {
 		answer(batch, err)
 		return
-	}
-
-	// 4. enough? A cache entry that says no is confirmed by MySQL: stock
-	// added there outside PUT must be sold.
-	if !fresh && demand(batch) > item.Stock {
-		if item, err = s.confirm(ctx, sku, lease); err != nil {
-			answer(batch, err)
-			return
-		}
 	}
 	filled, short := fill(batch, item.Stock)
 	outOfStock := fmt.Errorf("%q: %w", sku, storage.ErrOutOfStock)
@@ -351,44 +338,9 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, 
 	// batch's outcome.
 
 	s.hook(ctx, HookAfterRead, first, lease)
-
-	// 5. business logic inside the critical section: each order's own.
-	if err := sleep(ctx, time.Duration(len(filled))*s.cfg.WorkDelay); err != nil {
+	if err := s.readyToWrite(ctx, sku, lease, len(filled)); err != nil { // step 5
 		answer(batch, err)
 		return
-	}
-
-	// A lease known to be lost must not write. This is the only check, made
-	// once, right before the write: a check can only narrow the window,
-	// never close it. A holder paused (GC, SIGSTOP, a slow network) right
-	// after any check, even one just before COMMIT, still writes with a
-	// lost lease (Kleppmann, "How to do distributed locking", 2016); that is
-	// what the guards in step 6 are for.
-	if err := s.beforeWrite(lost(lease), "write"); err != nil {
-		answer(batch, err)
-		return
-	}
-	// No write starts past the batch's (or the request's) bound: a taken
-	// order's answer is due within Service.WriteTimeout, which counts on
-	// it. (Checked after the Lost check, whose answer says more, and
-	// before the fault hook: the lab's pauses there must still end in a
-	// write, as a real pause would.)
-	if err := ctx.Err(); err != nil {
-		answer(batch, err)
-		return
-	}
-	// The none and fencing guards build on the cached read, so the entry
-	// goes before the write: a holder killed or paused between its commit
-	// and step 7 then leaves the next holder a miss (a read of MySQL), not
-	// a stale stock that its own write would build on (under none: an
-	// oversell; under fencing, which also checks the version read: a
-	// refused write and a retry). The version and atomic guards check the
-	// read in MySQL and need no such care.
-	if s.trustsCache() {
-		if err := s.cache.Invalidate(ctx, sku); err != nil {
-			answer(batch, fmt.Errorf("%w: guard %s needs the stock cache: %w", ErrUnavailable, s.cfg.Guard, err))
-			return
-		}
 	}
 	s.hook(ctx, HookBeforeWrite, first, lease)
 
@@ -404,23 +356,7 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, 
 	inv, err := s.write(wctx, orders, item, lease, first)
 	s.recordWrite(first.SKU, orders[0].Token, len(orders), err)
 	if err != nil {
-		again := s.refused(wctx, batch, filled, orders, lease, err)
-		switch {
-		case len(again) > 0: // a duplicate key's bystanders
-			s.sell(ctx, lease, again, fresh)
-		case errors.Is(err, storage.ErrOutOfStock) && lease != nil && !fresh:
-			// The atomic guard refused the batch's sum on a cached stock
-			// behind MySQL: some orders may still fit. Sell them all again,
-			// once, on MySQL's stock (the lease is still ours).
-			s.sell(ctx, lease, batch, true)
-		case filled[0].out.order.ID != "": // the write committed after all
-			answer(short, outOfStock)
-		default:
-			// Nothing was written: an out_of_stock would be refused on a
-			// stock the batch did not take (a history check would call it
-			// non-linearizable).
-			answer(short, filled[0].out.err)
-		}
+		s.writeRefused(ctx, wctx, lease, batch, filled, short, orders, fresh, outOfStock, err)
 		return
 	}
 	s.hook(ctx, HookBeforeCache, first, lease)
@@ -434,6 +370,90 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, 
 		l.out = outcome{order: fromStorage(orders[j])}
 	}
 	answer(short, outOfStock) // the stock they lacked is committed now
+}
+
+// readStock is steps 3 and 4: the stock from the cache (from MySQL if
+// fresh), confirmed by MySQL when the cache says there is not enough.
+func (s *Service) readStock(ctx context.Context, sku string, lease locking.Lease, batch []*line, fresh bool) (inventory.Item, error) {
+	// 3. stock from the cache
+	read := s.stock
+	if fresh {
+		read = s.confirm
+	}
+	item, err := read(ctx, sku, lease)
+	if err != nil {
+		return item, err
+	}
+
+	// 4. enough? A cache entry that says no is confirmed by MySQL: stock
+	// added there outside PUT must be sold.
+	if !fresh && demand(batch) > item.Stock {
+		return s.confirm(ctx, sku, lease)
+	}
+	return item, nil
+}
+
+// readyToWrite is step 5 and the checks before the write: the business
+// logic of n orders, the lease not known lost, the batch's bound not past,
+// and the cache entry gone where the guard builds on it.
+func (s *Service) readyToWrite(ctx context.Context, sku string, lease locking.Lease, n int) error {
+	// 5. business logic inside the critical section: each order's own.
+	if err := clock.Sleep(ctx, time.Duration(n)*s.cfg.WorkDelay); err != nil {
+		return err
+	}
+
+	// A lease known to be lost must not write. This is the only check, made
+	// once, right before the write: a check can only narrow the window,
+	// never close it. A holder paused (GC, SIGSTOP, a slow network) right
+	// after any check, even one just before COMMIT, still writes with a
+	// lost lease (Kleppmann, "How to do distributed locking", 2016); that is
+	// what the guards in step 6 are for.
+	if err := s.beforeWrite(lost(lease), "write"); err != nil {
+		return err
+	}
+	// No write starts past the batch's (or the request's) bound: a taken
+	// order's answer is due within Service.WriteTimeout, which counts on
+	// it. (Checked after the Lost check, whose answer says more, and
+	// before the fault hook: the lab's pauses there must still end in a
+	// write, as a real pause would.)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// The none and fencing guards build on the cached read, so the entry
+	// goes before the write: a holder killed or paused between its commit
+	// and step 7 then leaves the next holder a miss (a read of MySQL), not
+	// a stale stock that its own write would build on (under none: an
+	// oversell; under fencing, which also checks the version read: a
+	// refused write and a retry). The version and atomic guards check the
+	// read in MySQL and need no such care.
+	if s.trustsCache() {
+		if err := s.cache.Invalidate(ctx, sku); err != nil {
+			return fmt.Errorf("%w: guard %s needs the stock cache: %w", ErrUnavailable, s.cfg.Guard, err)
+		}
+	}
+	return nil
+}
+
+// writeRefused answers a batch whose write (step 6) failed with err, or
+// sells again the lines that may still be sold.
+func (s *Service) writeRefused(ctx, wctx context.Context, lease locking.Lease, batch, filled, short []*line, orders []storage.Order, fresh bool, outOfStock, err error) {
+	again := s.refused(wctx, batch, filled, orders, lease, err)
+	switch {
+	case len(again) > 0: // a duplicate key's bystanders
+		s.sell(ctx, lease, again, fresh)
+	case errors.Is(err, storage.ErrOutOfStock) && lease != nil && !fresh:
+		// The atomic guard refused the batch's sum on a cached stock
+		// behind MySQL: some orders may still fit. Sell them all again,
+		// once, on MySQL's stock (the lease is still ours).
+		s.sell(ctx, lease, batch, true)
+	case filled[0].out.order.ID != "": // the write committed after all
+		answer(short, outOfStock)
+	default:
+		// Nothing was written: an out_of_stock would be refused on a
+		// stock the batch did not take (a history check would call it
+		// non-linearizable).
+		answer(short, filled[0].out.err)
+	}
 }
 
 // demand is the quantity the lines ask for.
@@ -866,16 +886,3 @@ func lost(lease locking.Lease) bool {
 }
 
 // sleep waits d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}

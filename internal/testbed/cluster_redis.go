@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/oversold-lab/oversold/internal/clock"
 )
 
 // RedisClusterNodeTimeout is the Redis Cluster's cluster-node-timeout: a
@@ -152,13 +154,12 @@ func redisNodeWhole(ctx context.Context, cl *redis.Client, replica bool, nodes i
 	return nil
 }
 
+// sleepOr waits d; if ctx ends first, its error names the last failure.
 func sleepOr(ctx context.Context, d time.Duration, last error) error {
-	select {
-	case <-ctx.Done():
-		return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
-	case <-time.After(d):
-		return nil
+	if err := clock.Sleep(ctx, d); err != nil {
+		return fmt.Errorf("%w (last: %v)", err, last)
 	}
+	return nil
 }
 
 // nodeClient talks to one node only, failing fast.

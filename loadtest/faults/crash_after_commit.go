@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
@@ -72,7 +73,7 @@ func retryAfterCrash(ctx context.Context, d *driver, run *loadtest.Run, other *l
 		if retry = place(ctx, d.client, other.URL, run.FaultSKU, key); retry.status != 0 && retry.status < 500 {
 			break
 		}
-		if try == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
+		if try == 4 || clock.Sleep(ctx, 200*time.Millisecond) != nil {
 			break
 		}
 	}

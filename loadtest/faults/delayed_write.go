@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
@@ -69,7 +70,7 @@ func DelayedWrite() loadtest.Fault {
 				run.Eventf("no second holder: %v", err)
 			}
 			dr.wait(ctx, second, d+lockWait)
-			_ = sleepCtx(ctx, 300*time.Millisecond)
+			_ = clock.Sleep(ctx, 300*time.Millisecond)
 			st.ps.Restore()
 			run.Eventf("paths healed after %s: %s's delayed write reaches MariaDB now", since(t0), c.Replica)
 			dr.wait(ctx, first, faultLimit/2)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
@@ -213,7 +214,7 @@ func (d *driver) enterBatch(ctx context.Context, r *loadtest.Replica, point, nam
 		batch = append(batch, d.send(ctx, r, n))
 	}
 	d.later = append(d.later, batch...)
-	err = sleepCtx(ctx, queueSettle)
+	err = clock.Sleep(ctx, queueSettle)
 	front.Answer()
 	if err == nil {
 		c, err = catch(ctx, caught, batch[0], 2*lockWait)

@@ -200,18 +200,6 @@ func (p *perRun[T]) drop(run *loadtest.Run) {
 	delete(p.m, run)
 }
 
-// sleepCtx waits d or until ctx ends, and says which.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // ttl is the run's lease TTL (orderd's default when the spec leaves it 0).
 func ttl(run *loadtest.Run) time.Duration {
 	if run.Spec.LockTTL > 0 {

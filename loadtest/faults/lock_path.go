@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/loadtest"
 )
@@ -108,11 +109,11 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 				run.Eventf("no second holder while the path was cut: %v", err)
 			}
 			dr.wait(ctx, second, d+lockWait)
-			_ = sleepCtx(ctx, d+d/4+250*time.Millisecond-time.Since(t0))
+			_ = clock.Sleep(ctx, d+d/4+250*time.Millisecond-time.Since(t0))
 			st.ps.Restore()
 			if blackhole {
 				// Let the client reconnect and learn its session's fate.
-				_ = sleepCtx(ctx, time.Second)
+				_ = clock.Sleep(ctx, time.Second)
 			}
 			run.Eventf("path healed after %s; %s goes on and must find its lease lost", since(t0), c.Replica)
 			c.Answer()

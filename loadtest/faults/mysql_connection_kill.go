@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
@@ -85,7 +86,7 @@ func killOpenTransactions(ctx context.Context, db *sql.DB, dbName string) (int, 
 	// InnoDB refreshes what information_schema.innodb_trx shows at most
 	// every 100 ms: wait that out, or a transaction just killed (or one just
 	// begun) would be missed. The replica waits in its hook meanwhile.
-	if err := sleepCtx(ctx, innodbTrxRefresh); err != nil {
+	if err := clock.Sleep(ctx, innodbTrxRefresh); err != nil {
 		return 0, err
 	}
 	conn, err := db.Conn(ctx) // one connection: CONNECTION_ID() is ours

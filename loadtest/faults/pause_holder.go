@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
@@ -78,7 +79,7 @@ func pauseHolder(point string) loadtest.Fault {
 			}
 		}
 		// Frozen for at least twice the lease's life in any case.
-		_ = sleepCtx(ctx, 2*life-time.Since(t0))
+		_ = clock.Sleep(ctx, 2*life-time.Since(t0))
 		if err := resume(); err != nil {
 			return fmt.Errorf("resume %s: %w", r.Name, err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/loadtest"
 )
@@ -325,7 +326,7 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 		}
 		d.wait(ctx, s, lockWait) // says what it was answered
 		run.Eventf("%s had not yet followed the failover; trying again", r2.Name)
-		if try == afterOrders || sleepCtx(ctx, 200*time.Millisecond) != nil {
+		if try == afterOrders || clock.Sleep(ctx, 200*time.Millisecond) != nil {
 			run.Eventf("no second holder of %s after the failover: %v", run.FaultSKU, err)
 			c.Answer()
 			d.wait(ctx, first, 2*lockWait)
@@ -427,7 +428,7 @@ func waitFor(ctx context.Context, limit time.Duration, what string, check func(c
 		if err == nil {
 			return nil
 		}
-		if sleepCtx(ctx, 50*time.Millisecond) != nil {
+		if clock.Sleep(ctx, 50*time.Millisecond) != nil {
 			return fmt.Errorf("%s: not within %s: %w", what, limit, err)
 		}
 	}

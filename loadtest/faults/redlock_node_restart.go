@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/loadtest"
 )
@@ -148,7 +149,7 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 			run.Fired("%s holds the lock; node B killed (SIGKILL), to restart after %s", c, d)
 			seen := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
 			second := dr.send(ctx, next, "second")
-			_ = sleepCtx(ctx, d-time.Since(t0))
+			_ = clock.Sleep(ctx, d-time.Since(t0))
 			if err := restart(); err != nil {
 				return err
 			}

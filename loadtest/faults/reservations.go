@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
@@ -132,7 +133,7 @@ func ReservationSweeperPause() loadtest.Fault {
 		default:
 			run.Eventf("%s's sweeper expired %s %s into the pause", by, swept.id, since(t0))
 		}
-		_ = sleepCtx(ctx, 2*life-time.Since(t0))
+		_ = clock.Sleep(ctx, 2*life-time.Since(t0))
 		if err := tx.Rollback(); err != nil {
 			return err
 		}
@@ -265,7 +266,7 @@ func ReservationExpiryRace() loadtest.Fault {
 			return err
 		}
 		left = time.Duration(micros) * time.Microsecond
-		_ = sleepCtx(ctx, left+offset)
+		_ = clock.Sleep(ctx, left+offset)
 		c.Answer()
 		run.Fired("the confirm of %s on %s let go at expires_at %+v (MySQL's clock), holding the SKU's lease", h.id, other.Name, offset.Round(time.Millisecond))
 		p := <-conf.done
@@ -358,7 +359,7 @@ func retried(ctx context.Context, try func() placed) placed {
 		if p.status != 0 && p.status < 500 && p.code != "lock_lost" && p.code != "conflict" {
 			return p
 		}
-		if n == 4 || sleepCtx(ctx, 200*time.Millisecond) != nil {
+		if n == 4 || clock.Sleep(ctx, 200*time.Millisecond) != nil {
 			break
 		}
 	}
@@ -381,7 +382,7 @@ func awaitSettled(ctx context.Context, db *sql.DB, id string, limit time.Duratio
 		if time.Now().After(end) {
 			return "", fmt.Errorf("still held after %s", limit)
 		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, 50*time.Millisecond); err != nil {
 			return "", err
 		}
 	}

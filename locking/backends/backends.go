@@ -68,92 +68,117 @@ func Open(ctx context.Context, name string, cfg Config) (locking.Locker, error) 
 	case "local":
 		return local.New(), nil
 	case "redis":
-		client, err := redisconn.Open(cfg.RedisAddr)
-		if err != nil {
-			return nil, fmt.Errorf("redis lock: %w", err)
-		}
-		if err := client.Ping(ctx).Err(); err != nil {
-			client.Close()
-			return nil, unavailable(name, err)
-		}
-		if err := redislock.CheckEviction(ctx, client); err != nil {
-			client.Close()
-			return nil, fmt.Errorf("redis lock: %w", err)
-		}
-		l := redislock.New(client, redislock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed,
-			MinBackoff: cfg.FallbackWait, MaxBackoff: cfg.FallbackWait})
-		return owned{Locker: l, closers: []func() error{client.Close}}, nil
+		return openRedis(ctx, cfg)
 	case "redlock":
-		var (
-			clients []redis.UniversalClient
-			closers []func() error
-		)
-		closeAll := func() {
-			for _, c := range closers {
-				c()
-			}
-		}
-		for _, addr := range cfg.RedlockAddrs {
-			c, err := redisconn.Open(addr)
-			if err != nil {
-				closeAll()
-				return nil, fmt.Errorf("redlock lock: %w", err)
-			}
-			clients, closers = append(clients, c), append(closers, c.Close)
-		}
-		l, err := redlock.New(clients, redlock.Config{TTL: cfg.ttl(), NodeTimeout: cfg.RedlockNodeTimeout, OnRenewalFailed: cfg.OnRenewalFailed,
-			MinBackoff: cfg.FallbackWait, MaxBackoff: cfg.FallbackWait})
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		if err := l.Ping(ctx); err != nil { // a majority must answer
-			closeAll()
-			return nil, unavailable(name, err)
-		}
-		// An evicting node is a vote that can vanish: check every node up
-		// (a minority may be down at start; a majority answered Ping).
-		for _, c := range clients {
-			if c.Ping(ctx).Err() != nil {
-				continue
-			}
-			if err := redislock.CheckEviction(ctx, c); err != nil {
-				closeAll()
-				return nil, fmt.Errorf("redlock lock: %w", err)
-			}
-		}
-		return owned{Locker: l, closers: closers}, nil
+		return openRedlock(ctx, cfg)
 	case "mysql":
-		// Its own pool: sized for the lock, its statements kept out of
-		// the binary log, the topology checked.
-		db, err := mysqllock.OpenDB(ctx, cfg.MySQLDSN)
-		if err != nil {
-			return nil, fmt.Errorf("mysql lock: %w", err)
-		}
-		l := mysqllock.New(db, mysqllock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
-		return owned{Locker: l, closers: []func() error{db.Close}}, nil
+		return openMySQL(ctx, cfg)
 	case "zookeeper":
-		// The Locker dials ZooKeeper itself: the session is the lease.
-		l, err := zklock.New(ctx, cfg.ZKServers, zklock.Config{SessionTimeout: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
-		if err != nil {
-			return nil, unavailable(name, err)
-		}
-		return l, nil
+		return openZooKeeper(ctx, cfg)
 	case "etcd":
-		cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.EtcdEndpoints, DialTimeout: 5 * time.Second})
-		if err != nil {
-			return nil, unavailable(name, err)
-		}
-		// New grants the session lease: that is the check that etcd answers.
-		l, err := etcdlock.New(ctx, cli, etcdlock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
-		if err != nil {
-			cli.Close()
-			return nil, unavailable(name, err)
-		}
-		return owned{Locker: l, closers: []func() error{cli.Close}}, nil
+		return openEtcd(ctx, cfg)
 	default:
 		return nil, fmt.Errorf("unknown lock backend %q (want one of %v)", name, Names)
 	}
+}
+
+// openRedis opens the Redis lock on one server, refusing one that may evict its keys.
+func openRedis(ctx context.Context, cfg Config) (locking.Locker, error) {
+	client, err := redisconn.Open(cfg.RedisAddr)
+	if err != nil {
+		return nil, fmt.Errorf("redis lock: %w", err)
+	}
+	if err := client.Ping(ctx).Err(); err != nil {
+		client.Close()
+		return nil, unavailable("redis", err)
+	}
+	if err := redislock.CheckEviction(ctx, client); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("redis lock: %w", err)
+	}
+	l := redislock.New(client, redislock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed,
+		MinBackoff: cfg.FallbackWait, MaxBackoff: cfg.FallbackWait})
+	return owned{Locker: l, closers: []func() error{client.Close}}, nil
+}
+
+// openRedlock opens the Redlock lock on its nodes: a majority must answer.
+func openRedlock(ctx context.Context, cfg Config) (locking.Locker, error) {
+	var (
+		clients []redis.UniversalClient
+		closers []func() error
+	)
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	for _, addr := range cfg.RedlockAddrs {
+		c, err := redisconn.Open(addr)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("redlock lock: %w", err)
+		}
+		clients, closers = append(clients, c), append(closers, c.Close)
+	}
+	l, err := redlock.New(clients, redlock.Config{TTL: cfg.ttl(), NodeTimeout: cfg.RedlockNodeTimeout, OnRenewalFailed: cfg.OnRenewalFailed,
+		MinBackoff: cfg.FallbackWait, MaxBackoff: cfg.FallbackWait})
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	if err := l.Ping(ctx); err != nil { // a majority must answer
+		closeAll()
+		return nil, unavailable("redlock", err)
+	}
+	// An evicting node is a vote that can vanish: check every node up
+	// (a minority may be down at start; a majority answered Ping).
+	for _, c := range clients {
+		if c.Ping(ctx).Err() != nil {
+			continue
+		}
+		if err := redislock.CheckEviction(ctx, c); err != nil {
+			closeAll()
+			return nil, fmt.Errorf("redlock lock: %w", err)
+		}
+	}
+	return owned{Locker: l, closers: closers}, nil
+}
+
+// openMySQL opens the MySQL lock on a pool of its own.
+func openMySQL(ctx context.Context, cfg Config) (locking.Locker, error) {
+	// Its own pool: sized for the lock, its statements kept out of
+	// the binary log, the topology checked.
+	db, err := mysqllock.OpenDB(ctx, cfg.MySQLDSN)
+	if err != nil {
+		return nil, fmt.Errorf("mysql lock: %w", err)
+	}
+	l := mysqllock.New(db, mysqllock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+	return owned{Locker: l, closers: []func() error{db.Close}}, nil
+}
+
+// openZooKeeper opens the ZooKeeper lock.
+func openZooKeeper(ctx context.Context, cfg Config) (locking.Locker, error) {
+	// The Locker dials ZooKeeper itself: the session is the lease.
+	l, err := zklock.New(ctx, cfg.ZKServers, zklock.Config{SessionTimeout: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+	if err != nil {
+		return nil, unavailable("zookeeper", err)
+	}
+	return l, nil
+}
+
+// openEtcd opens the etcd lock.
+func openEtcd(ctx context.Context, cfg Config) (locking.Locker, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.EtcdEndpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return nil, unavailable("etcd", err)
+	}
+	// New grants the session lease: that is the check that etcd answers.
+	l, err := etcdlock.New(ctx, cli, etcdlock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+	if err != nil {
+		cli.Close()
+		return nil, unavailable("etcd", err)
+	}
+	return owned{Locker: l, closers: []func() error{cli.Close}}, nil
 }
 
 // owned closes the clients Open made after the Locker built on them.

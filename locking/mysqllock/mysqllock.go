@@ -137,6 +137,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/locking"
 )
 
@@ -390,89 +391,34 @@ type grabbed struct {
 
 // acquire grabs the row, queued on qc's named lock when qc is not nil. The
 // returned lease keeps qc if it holds the named lock; else qc goes back.
+// Each round waits its turn in line (with qc), grabs, and, refused with no
+// queue to wake it, polls the holder's lease until it looks free.
 func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lease, err error) {
+	a := &acquiring{l: l, key: key, qc: qc, q: queueName(key), poll: l.cfg.MinPoll}
 	defer func() {
 		if err != nil {
 			// It may hold the named lock, or be broken by a cancelled wait.
-			l.putQueueConn(qc, false)
+			l.putQueueConn(a.qc, false)
 		}
 	}()
-	q := queueName(key)
-	queued := false // we hold q: first in line
-	if qc != nil {
-		// q is free unless the key is held or waited for: then the first
-		// grab takes neither, and we join the wait below. Both free (an
-		// uncontended key), one statement takes both.
-		owner := newOwner(true)
-		sent := time.Now()
-		g, err := l.grab(ctx, key, owner, qc)
-		if err != nil && connLost(err) {
-			err = fmt.Errorf("%w: %w", errStaleQueueConn, err)
+	if a.qc != nil {
+		if s, done, err := a.grabFirst(ctx); done {
+			return s, err
 		}
-		if err != nil {
-			return nil, l.failed(ctx, key, err)
-		}
-		if g.token != 0 {
-			s, err := l.hold(key, owner, g.token, sent, qc)
-			qc = nil // hold's now
-			return s, l.failedIf(ctx, key, err)
-		}
-		queued = g.queued
-	}
-	poll := l.cfg.MinPoll
-	// stale is who held q, the row free, when we first saw it so, and
-	// since when.
-	var stale struct {
-		name  int64
-		since time.Time
 	}
 	for boots := 0; ; {
-		if qc != nil && !queued {
-			ws, err := l.remaining(ctx, key)
+		if a.qc != nil && !a.queued {
+			again, err := a.waitInLine(ctx)
 			if err != nil {
-				return nil, l.failed(ctx, key, err)
+				return nil, err
 			}
-			if ws.left > 0 || ws.nameHolder != stale.name {
-				stale.name, stale.since = 0, time.Time{}
-				if ws.left <= 0 {
-					stale.name, stale.since = ws.nameHolder, time.Now()
-				}
-			}
-			wait := ws.left
-			switch {
-			case ws.left > 0 && !ws.holderQueued:
-				// Its holder will not wake us: poll.
-				if err := sleep(ctx, min(jitter(poll), ws.left)); err != nil {
-					return nil, fmt.Errorf("acquire %q: %w", key, err)
-				}
-				poll = min(2*poll, l.cfg.MaxPoll)
+			if again {
 				continue
-			case ws.left <= 0 && ws.nameHolder != 0 && time.Since(stale.since) >= l.staleName():
-				// Free, and q held by the same connection all along:
-				// not a waiter about to grab but a holder paused past
-				// its lease, still connected. Grab without q.
-				wait = 0
-			case ws.left <= 0:
-				// Free, yet q is taken: by the waiter it went to, about
-				// to grab (or by a waiter polling behind a holder that
-				// came in without q). Do not barge: wait in line, and
-				// look again after MaxPoll.
-				wait = l.cfg.MaxPoll
-			}
-			if wait > 0 {
-				// Wait no longer than the holder's lease: it may expire.
-				if queued, err = qc.lock(ctx, q, min(wait, l.cfg.TTL)); err != nil {
-					return nil, l.failed(ctx, key, err)
-				}
-				if !queued {
-					continue // renewed, expired or still free: look again
-				}
 			}
 		}
-		owner := newOwner(queued)
+		owner := newOwner(a.queued)
 		sent := time.Now()
 		g, err := l.grab(ctx, key, owner, nil)
-		token := g.token
 		if errors.Is(err, errNoEpoch) && boots < maxBoots {
 			// The server restarted, or another Locker learned of it first.
 			boots++
@@ -484,33 +430,133 @@ func (l *Locker) acquire(ctx context.Context, key string, qc *queueConn) (_ *lea
 		if err != nil {
 			return nil, l.failed(ctx, key, err)
 		}
-		if token != 0 {
-			if !queued {
-				l.putQueueConn(qc, true)
-				qc = nil
-			}
-			s, err := l.hold(key, owner, token, sent, qc)
-			qc = nil // hold's now
-			return s, l.failedIf(ctx, key, err)
+		if g.token != 0 {
+			return a.hold(ctx, owner, g.token, sent)
 		}
-		if qc != nil && !queued {
+		if a.qc != nil && !a.queued {
 			continue // someone else took the free row: wait for it
 		}
-		// First in line behind a holder that will not wake us (its
-		// connection died, or it came in unqueued), or no queue at all:
-		// poll the holder's lease until it looks free.
-		for left := l.cfg.MaxPoll; left > 0; {
-			if err := sleep(ctx, min(jitter(poll), left)); err != nil {
-				return nil, fmt.Errorf("acquire %q: %w", key, err)
-			}
-			poll = min(2*poll, l.cfg.MaxPoll)
-			ws, err := l.remaining(ctx, key)
-			if err != nil {
-				return nil, l.failed(ctx, key, err)
-			}
-			left = ws.left
+		if err := a.pollUntilFree(ctx); err != nil {
+			return nil, err
 		}
 	}
+}
+
+// acquiring is one acquire's state across its rounds.
+type acquiring struct {
+	l      *Locker
+	key    string
+	q      string     // the key's named lock: its line
+	qc     *queueConn // nil once hold has it, or when there is no queue
+	queued bool       // we hold q: first in line
+	poll   time.Duration
+	// stale is who held q, the row free, when we first saw it so, and
+	// since when.
+	stale struct {
+		name  int64
+		since time.Time
+	}
+}
+
+// grabFirst is the first grab, on qc. done says acquire returns s and err;
+// otherwise a.queued says whether the grab took q.
+func (a *acquiring) grabFirst(ctx context.Context) (s *lease, done bool, err error) {
+	// q is free unless the key is held or waited for: then the first
+	// grab takes neither, and we join the wait below. Both free (an
+	// uncontended key), one statement takes both.
+	owner := newOwner(true)
+	sent := time.Now()
+	g, err := a.l.grab(ctx, a.key, owner, a.qc)
+	if err != nil && connLost(err) {
+		err = fmt.Errorf("%w: %w", errStaleQueueConn, err)
+	}
+	if err != nil {
+		return nil, true, a.l.failed(ctx, a.key, err)
+	}
+	if g.token != 0 {
+		s, err := a.l.hold(a.key, owner, g.token, sent, a.qc)
+		a.qc = nil // hold's now
+		return s, true, a.l.failedIf(ctx, a.key, err)
+	}
+	a.queued = g.queued
+	return nil, false, nil
+}
+
+// hold makes the lease of a won grab; it keeps qc only if qc holds q.
+func (a *acquiring) hold(ctx context.Context, owner string, token uint64, sent time.Time) (*lease, error) {
+	if !a.queued {
+		a.l.putQueueConn(a.qc, true)
+		a.qc = nil
+	}
+	s, err := a.l.hold(a.key, owner, token, sent, a.qc)
+	a.qc = nil // hold's now
+	return s, a.l.failedIf(ctx, a.key, err)
+}
+
+// waitInLine waits, not yet first in line, until the row may be grabbed:
+// on q when the holder will wake us, else polling. again says to look
+// again before grabbing.
+func (a *acquiring) waitInLine(ctx context.Context) (again bool, err error) {
+	l := a.l
+	ws, err := l.remaining(ctx, a.key)
+	if err != nil {
+		return false, l.failed(ctx, a.key, err)
+	}
+	if ws.left > 0 || ws.nameHolder != a.stale.name {
+		a.stale.name, a.stale.since = 0, time.Time{}
+		if ws.left <= 0 {
+			a.stale.name, a.stale.since = ws.nameHolder, time.Now()
+		}
+	}
+	wait := ws.left
+	switch {
+	case ws.left > 0 && !ws.holderQueued:
+		// Its holder will not wake us: poll.
+		if err := clock.Sleep(ctx, min(jitter(a.poll), ws.left)); err != nil {
+			return false, fmt.Errorf("acquire %q: %w", a.key, err)
+		}
+		a.poll = min(2*a.poll, l.cfg.MaxPoll)
+		return true, nil
+	case ws.left <= 0 && ws.nameHolder != 0 && time.Since(a.stale.since) >= l.staleName():
+		// Free, and q held by the same connection all along:
+		// not a waiter about to grab but a holder paused past
+		// its lease, still connected. Grab without q.
+		wait = 0
+	case ws.left <= 0:
+		// Free, yet q is taken: by the waiter it went to, about
+		// to grab (or by a waiter polling behind a holder that
+		// came in without q). Do not barge: wait in line, and
+		// look again after MaxPoll.
+		wait = l.cfg.MaxPoll
+	}
+	if wait > 0 {
+		// Wait no longer than the holder's lease: it may expire.
+		if a.queued, err = a.qc.lock(ctx, a.q, min(wait, l.cfg.TTL)); err != nil {
+			return false, l.failed(ctx, a.key, err)
+		}
+		if !a.queued {
+			return true, nil // renewed, expired or still free: look again
+		}
+	}
+	return false, nil
+}
+
+// pollUntilFree polls the holder's lease until it looks free: first in
+// line behind a holder that will not wake us (its connection died, or it
+// came in unqueued), or no queue at all.
+func (a *acquiring) pollUntilFree(ctx context.Context) error {
+	for left := a.l.cfg.MaxPoll; left > 0; {
+		if err := clock.Sleep(ctx, min(jitter(a.poll), left)); err != nil {
+			return fmt.Errorf("acquire %q: %w", a.key, err)
+		}
+		a.poll = min(2*a.poll, a.l.cfg.MaxPoll)
+		ws, err := a.l.remaining(ctx, a.key)
+		if err != nil {
+			return a.l.failed(ctx, a.key, err)
+		}
+		left = ws.left
+	}
+	return nil
 }
 
 // grab runs the grab statement (grabOnce) and returns what it won; with
@@ -668,7 +714,7 @@ func (l *Locker) learnEpoch(ctx context.Context) error {
 		return fmt.Errorf("epoch: %w", err)
 	}
 	if grace > 0 {
-		return sleep(ctx, grace)
+		return clock.Sleep(ctx, grace)
 	}
 	return nil
 }
@@ -1046,15 +1092,4 @@ func jitter(d time.Duration) time.Duration {
 		return d
 	}
 	return d/2 + mrand.N(d/2)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -300,6 +300,8 @@ func (l *Locker) shard(master *redis.Client) (*waitq.Notifier, error) {
 }
 
 // Acquire waits until the lock on key is granted, ctx ends, or Redis fails.
+// Each round tries once and, refused, waits for a wake-up or the fallback
+// timer; the other steps keep the wake-ups reaching this waiter.
 func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error) {
 	if err := waitq.CheckKey(key); err != nil {
 		return nil, err
@@ -309,160 +311,222 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
 	default:
 	}
-	n := waitq.NamesOf(l.cfg.Prefix, key)
-	owner := l.newOwner()
-	granted := false
-	defer func() {
-		if !granted { // after the undo, if any: the owner is in no key now
-			l.ended(owner)
-		}
-	}()
-	member := waitq.HandoffMember(l.id, owner, l.cfg.handoff()) // our place in the queue
-	grant := func(token uint64, sent time.Time, px time.Duration) (locking.Lease, error) {
-		s, err := l.grant(ctx, key, n, owner, token, sent, px)
-		granted = err == nil
-		return s, err
+	a := l.newAcquisition(key)
+	defer a.end()
+	if err := a.listenIfHot(ctx); err != nil {
+		return nil, err
 	}
-	nt, err := l.notifierFor(ctx, n)
-	if err != nil {
-		return nil, fmt.Errorf("acquire %q: %w", key, err)
-	}
-	// The waiter joins a subscription this process has already (a hot key)
-	// before the first try, which then cannot miss a release; otherwise it
-	// is made at the first refusal (a free key never needs one).
-	channel := n.Wake + l.id
-	var w *waitq.Waiter
-	if nt.Subscribed(channel) {
-		w = waitq.NewWaiter([]*waitq.Notifier{nt}, channel, member)
-	}
-	defer func() {
-		if w != nil {
-			w.Stop()
-		}
-	}()
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	repick := false             // the last wait ended with no wake-up
-	moved, movedTo := false, "" // the last wait's node no longer serves the slot
-	suspect := ""               // an ended owner of this Locker the last try found in the key
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			if attempt > 0 { // queued by the last try, or handed the lock
-				l.undo(ctx, n, owner, member)
+				a.undo(ctx)
 			}
 			return nil, fmt.Errorf("acquire %q: %w", key, err)
 		}
-		if repick || moved || nt.Closed() {
-			// On a Cluster the slot may have moved to another master, or
-			// the Notifier ended with its node client: listen where the
-			// wake-ups are published now, before the try.
-			var next *waitq.Notifier
-			var err error
-			if moved {
-				next, err = l.notifierAfterMove(ctx, n, movedTo)
-			} else {
-				next, err = l.notifierFor(ctx, n)
-			}
-			if err != nil {
-				l.undo(ctx, n, owner, member)
-				return nil, fmt.Errorf("acquire %q: %w", key, err)
-			}
-			// A watch that moved has ended: watch again, on the same
-			// node too (after a sunsubscribe push, which names no node,
-			// it answers the new SSUBSCRIBE with the one that serves the
-			// slot, unless it serves it again). But when the node named
-			// by a MOVED is not a master in the slot map, which still
-			// names this one, the fallback timer paces the next attempt.
-			again := false
-			if w != nil {
-				again, _ = w.Moved()
-			}
-			if next != nt || again && !(moved && movedTo != "") {
-				if w != nil {
-					w.Stop()
-				}
-				nt = next
-				w = waitq.NewWaiter([]*waitq.Notifier{nt}, channel, member)
-			}
-			repick, moved = false, false
+		if err := a.relisten(ctx); err != nil {
+			return nil, err
 		}
 		sent := time.Now()
-		token, wait, fence, ahead, holder, err := l.try(ctx, n, owner, member)
+		token, wait, fence, ahead, holder, err := l.try(ctx, a.n, a.owner, a.member)
 		if err != nil {
-			// The SET may have happened with its reply lost: remove it.
-			l.undo(ctx, n, owner, member)
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("acquire %q: %w", key, ctx.Err())
-			}
-			return nil, fmt.Errorf("acquire %q: %w: %w", key, locking.ErrUnavailable, err)
+			return nil, a.failed(ctx, err)
 		}
 		if token > 0 {
-			if w != nil {
-				w.Drain() // this grant used up the release we were told of
+			if a.w != nil {
+				a.w.Drain() // this grant used up the release we were told of
 			}
-			return grant(token, sent, l.cfg.TTL)
+			return a.grant(ctx, token, sent, l.cfg.TTL)
 		}
-		if l.abandoned(holder) {
-			// A lease of this Locker that has ended holds the key. The try
-			// may have run just before the lease's release did: try again
-			// at once. If the key still holds it, its release was lost (a
-			// failover to a replica that had not received it keeps the key
-			// for the rest of its PX, up to a TTL), or failed. Nobody
-			// holds that owner or ever will: release it again, which hands
-			// the lock on, and try again.
-			if holder != suspect {
-				suspect = holder
-				continue
-			}
-			suspect = ""
-			if ok, err := l.release(ctx, n, holder, ""); err == nil && ok {
-				continue
-			}
+		if a.releaseAbandoned(ctx, holder) {
+			continue
 		}
-		woken := (<-chan struct{})(nil)
-		switch {
-		case w == nil:
-			// Made after the try: a release since may be unheard, so the
-			// next try comes once the subscription is confirmed (at once if
-			// the waiter joined one).
-			w = waitq.NewWaiter([]*waitq.Notifier{nt}, channel, member)
-			woken = w.Subscribe()[0]
-		case w.Listening() == 0:
-			// Subscribe, and try again once the server confirms: a release
-			// between the first try and the subscription is not lost.
-			woken = w.Subscribe()[0]
-		default:
-			woken = w.Wake
-		}
-		// Each waiter ahead is a handoff before this one's turn: the
-		// fallback (for a lost message) need not come sooner.
-		d := waitq.Backoff(l.cfg.MinBackoff*time.Duration(1+min(ahead, 31)), l.cfg.MaxBackoff, attempt, wait)
-		if timer == nil {
-			timer = time.NewTimer(d)
-		} else {
-			timer.Reset(d)
-		}
-		select {
-		case <-woken:
-			if token, px, ok := l.handedOver(w, fence, sent); ok {
-				w.Drain()
-				return grant(token, sent, px)
-			}
-			moved, movedTo = w.Moved()
-		case <-timer.C:
-			repick = true
-		case <-ctx.Done():
-			l.undo(ctx, n, owner, member)
-			return nil, fmt.Errorf("acquire %q: %w", key, ctx.Err())
-		case <-l.closing:
-			l.undo(ctx, n, owner, member)
-			return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
+		if lease, done, err := a.wait(ctx, attempt, wait, ahead, fence, sent); done {
+			return lease, err
 		}
 	}
+}
+
+// acquisition is one Acquire's state across its tries.
+type acquisition struct {
+	l       *Locker
+	key     string
+	n       waitq.Names
+	owner   string
+	member  string // our place in the queue
+	channel string
+	nt      *waitq.Notifier
+	w       *waitq.Waiter
+	timer   *time.Timer
+	granted bool
+	repick  bool   // the last wait ended with no wake-up
+	moved   bool   // the last wait's node no longer serves the slot
+	movedTo string // where the MOVED said it went, if it named a node
+	suspect string // an ended owner of this Locker the last try found in the key
+}
+
+func (l *Locker) newAcquisition(key string) *acquisition {
+	n := waitq.NamesOf(l.cfg.Prefix, key)
+	owner := l.newOwner()
+	return &acquisition{
+		l: l, key: key, n: n, owner: owner,
+		member:  waitq.HandoffMember(l.id, owner, l.cfg.handoff()),
+		channel: n.Wake + l.id,
+	}
+}
+
+// end stops the waiter and the timer and, unless the lock was granted,
+// forgets the owner (after the undo, if any: the owner is in no key now).
+func (a *acquisition) end() {
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	if a.w != nil {
+		a.w.Stop()
+	}
+	if !a.granted {
+		a.l.ended(a.owner)
+	}
+}
+
+func (a *acquisition) grant(ctx context.Context, token uint64, sent time.Time, px time.Duration) (locking.Lease, error) {
+	s, err := a.l.grant(ctx, a.key, a.n, a.owner, token, sent, px)
+	a.granted = err == nil
+	return s, err
+}
+
+func (a *acquisition) undo(ctx context.Context) { a.l.undo(ctx, a.n, a.owner, a.member) }
+
+// listenIfHot picks the Notifier for the key. The waiter joins a
+// subscription this process has already (a hot key) before the first try,
+// which then cannot miss a release; otherwise it is made at the first
+// refusal (a free key never needs one).
+func (a *acquisition) listenIfHot(ctx context.Context) error {
+	nt, err := a.l.notifierFor(ctx, a.n)
+	if err != nil {
+		return fmt.Errorf("acquire %q: %w", a.key, err)
+	}
+	a.nt = nt
+	if nt.Subscribed(a.channel) {
+		a.w = waitq.NewWaiter([]*waitq.Notifier{nt}, a.channel, a.member)
+	}
+	return nil
+}
+
+// relisten follows the wake-ups when the last wait says they may be
+// published elsewhere now: on a Cluster the slot may have moved to another
+// master, or the Notifier ended with its node client. It runs before the
+// try, so the try's refusal is heard where the release will be published.
+func (a *acquisition) relisten(ctx context.Context) error {
+	if !a.repick && !a.moved && !a.nt.Closed() {
+		return nil
+	}
+	var next *waitq.Notifier
+	var err error
+	if a.moved {
+		next, err = a.l.notifierAfterMove(ctx, a.n, a.movedTo)
+	} else {
+		next, err = a.l.notifierFor(ctx, a.n)
+	}
+	if err != nil {
+		a.undo(ctx)
+		return fmt.Errorf("acquire %q: %w", a.key, err)
+	}
+	// A watch that moved has ended: watch again, on the same
+	// node too (after a sunsubscribe push, which names no node,
+	// it answers the new SSUBSCRIBE with the one that serves the
+	// slot, unless it serves it again). But when the node named
+	// by a MOVED is not a master in the slot map, which still
+	// names this one, the fallback timer paces the next attempt.
+	again := false
+	if a.w != nil {
+		again, _ = a.w.Moved()
+	}
+	if next != a.nt || again && !(a.moved && a.movedTo != "") {
+		if a.w != nil {
+			a.w.Stop()
+		}
+		a.nt = next
+		a.w = waitq.NewWaiter([]*waitq.Notifier{a.nt}, a.channel, a.member)
+	}
+	a.repick, a.moved = false, false
+	return nil
+}
+
+// failed handles a try that got no answer.
+func (a *acquisition) failed(ctx context.Context, err error) error {
+	// The SET may have happened with its reply lost: remove it.
+	a.undo(ctx)
+	if ctx.Err() != nil {
+		return fmt.Errorf("acquire %q: %w", a.key, ctx.Err())
+	}
+	return fmt.Errorf("acquire %q: %w: %w", a.key, locking.ErrUnavailable, err)
+}
+
+// releaseAbandoned reports whether to try again at once because the key is
+// held by a lease of this Locker that has ended.
+func (a *acquisition) releaseAbandoned(ctx context.Context, holder string) bool {
+	if !a.l.abandoned(holder) {
+		return false
+	}
+	// The try may have run just before the lease's release did: try again
+	// at once. If the key still holds it, its release was lost (a
+	// failover to a replica that had not received it keeps the key
+	// for the rest of its PX, up to a TTL), or failed. Nobody
+	// holds that owner or ever will: release it again, which hands
+	// the lock on, and try again.
+	if holder != a.suspect {
+		a.suspect = holder
+		return true
+	}
+	a.suspect = ""
+	ok, err := a.l.release(ctx, a.n, holder, "")
+	return err == nil && ok
+}
+
+// wait waits, after a refusal, for a wake-up, the fallback timer, ctx or
+// Close. done says Acquire returns lease and err; otherwise it tries again.
+func (a *acquisition) wait(ctx context.Context, attempt int, wait time.Duration, ahead int64, fence uint64, sent time.Time) (lease locking.Lease, done bool, err error) {
+	woken := (<-chan struct{})(nil)
+	switch {
+	case a.w == nil:
+		// Made after the try: a release since may be unheard, so the
+		// next try comes once the subscription is confirmed (at once if
+		// the waiter joined one).
+		a.w = waitq.NewWaiter([]*waitq.Notifier{a.nt}, a.channel, a.member)
+		woken = a.w.Subscribe()[0]
+	case a.w.Listening() == 0:
+		// Subscribe, and try again once the server confirms: a release
+		// between the first try and the subscription is not lost.
+		woken = a.w.Subscribe()[0]
+	default:
+		woken = a.w.Wake
+	}
+	// Each waiter ahead is a handoff before this one's turn: the
+	// fallback (for a lost message) need not come sooner.
+	d := waitq.Backoff(a.l.cfg.MinBackoff*time.Duration(1+min(ahead, 31)), a.l.cfg.MaxBackoff, attempt, wait)
+	if a.timer == nil {
+		a.timer = time.NewTimer(d)
+	} else {
+		a.timer.Reset(d)
+	}
+	select {
+	case <-woken:
+		if token, px, ok := a.l.handedOver(a.w, fence, sent); ok {
+			a.w.Drain()
+			lease, err := a.grant(ctx, token, sent, px)
+			return lease, true, err
+		}
+		a.moved, a.movedTo = a.w.Moved()
+	case <-a.timer.C:
+		a.repick = true
+	case <-ctx.Done():
+		a.undo(ctx)
+		return nil, true, fmt.Errorf("acquire %q: %w", a.key, ctx.Err())
+	case <-a.l.closing:
+		a.undo(ctx)
+		return nil, true, fmt.Errorf("acquire %q: %w", a.key, ErrClosed)
+	}
+	return nil, false, nil
 }
 
 // try runs the acquire script once. It returns the token if the lock was
