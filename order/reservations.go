@@ -13,6 +13,7 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/multi"
 	"github.com/oversold-lab/oversold/storage"
 )
 
@@ -21,7 +22,7 @@ import (
 // cancel and expiry give the quantity back. Every transition runs the same
 // way:
 //
-//  1. the locks of all its SKUs, in sorted order (locking.AcquireAll):
+//  1. the locks of all its SKUs, in sorted order (multi.Acquire):
 //     two carts with the same SKUs in opposite orders never deadlock
 //  2. each line's row read from MySQL under its lock
 //  3. a hold checks every line before writing anything: all or nothing
@@ -267,7 +268,7 @@ func (s *Service) replayHold(ctx context.Context, req HoldRequest) (storage.Rese
 
 // holdRefused handles a failed hold transaction: nothing was written, or
 // (an error no guard explains) MySQL knows whether it was.
-func (s *Service) holdRefused(ctx context.Context, req HoldRequest, row storage.Reservation, leases *locking.Leases, err error) (storage.Reservation, bool, error) {
+func (s *Service) holdRefused(ctx context.Context, req HoldRequest, row storage.Reservation, leases *multi.Leases, err error) (storage.Reservation, bool, error) {
 	switch {
 	case errors.Is(err, storage.ErrConflict):
 		s.metrics.guardConflicts.Inc()
@@ -392,7 +393,7 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (
 
 // settlement is the write that moves reservation id (read as r) to status to: each line's stock
 // and reserved counts, guarded by the row seen, and for a confirm its order.
-func (s *Service) settlement(id string, r storage.Reservation, to string, seen map[string]storage.Inventory, leases *locking.Leases, epoch, sweepToken uint64) (storage.Settlement, []storage.Move) {
+func (s *Service) settlement(id string, r storage.Reservation, to string, seen map[string]storage.Inventory, leases *multi.Leases, epoch, sweepToken uint64) (storage.Settlement, []storage.Move) {
 	st := storage.Settlement{ID: id, To: to, By: s.cfg.Instance, SweepEpoch: epoch, SweepToken: sweepToken}
 	moves := make([]storage.Move, len(r.Lines))
 	for i, l := range r.Lines {
@@ -409,7 +410,7 @@ func (s *Service) settlement(id string, r storage.Reservation, to string, seen m
 // settleOutcome answers the settlement of reservation id (read as r) to status to from the write's
 // outcome (done, after, err), refreshing what the write may have left stale.
 // actx is not the request's: the write is over, whatever ended meanwhile.
-func (s *Service) settleOutcome(actx context.Context, id string, r storage.Reservation, to string, leases *locking.Leases, done storage.Reservation, after []storage.Inventory, err error) (storage.Reservation, error) {
+func (s *Service) settleOutcome(actx context.Context, id string, r storage.Reservation, to string, leases *multi.Leases, done storage.Reservation, after []storage.Inventory, err error) (storage.Reservation, error) {
 	switch {
 	case err == nil:
 		s.cacheRows(actx, after, leases)
@@ -486,7 +487,7 @@ func retried(ctx context.Context, once func() (storage.Reservation, bool, error)
 // acquireAll takes the locks of skus in sorted order, waiting at most
 // LockWait in all, and starts watching each lease for the lease records;
 // nil without a locker.
-func (s *Service) acquireAll(ctx context.Context, skus []string) (*locking.Leases, []*holding, error) {
+func (s *Service) acquireAll(ctx context.Context, skus []string) (*multi.Leases, []*holding, error) {
 	if s.locker == nil {
 		return nil, nil, nil
 	}
@@ -497,7 +498,7 @@ func (s *Service) acquireAll(ctx context.Context, skus []string) (*locking.Lease
 	wait, cancel := context.WithTimeout(ctx, s.cfg.LockWait)
 	defer cancel()
 	start := time.Now()
-	leases, err := locking.AcquireAll(wait, s.locker, keys)
+	leases, err := multi.Acquire(wait, s.locker, keys)
 	s.metrics.lockWait.Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
@@ -517,7 +518,7 @@ func (s *Service) acquireAll(ctx context.Context, skus []string) (*locking.Lease
 
 // releaseAll releases the leases after the commit, on a context of its
 // own, and logs their lease records.
-func (s *Service) releaseAll(ctx context.Context, leases *locking.Leases, holds []*holding) {
+func (s *Service) releaseAll(ctx context.Context, leases *multi.Leases, holds []*holding) {
 	if leases == nil {
 		return
 	}
@@ -540,7 +541,7 @@ func (s *Service) releaseAll(ctx context.Context, leases *locking.Leases, holds 
 }
 
 // token is the fencing token of sku's lease, 0 without one.
-func token(leases *locking.Leases, sku string) uint64 {
+func token(leases *multi.Leases, sku string) uint64 {
 	if leases == nil {
 		return 0
 	}
@@ -551,7 +552,7 @@ func token(leases *locking.Leases, sku string) uint64 {
 }
 
 // readRows reads the SKUs' rows from MySQL, the truth, under their locks.
-func (s *Service) readRows(ctx context.Context, skus []string, leases *locking.Leases) (map[string]storage.Inventory, error) {
+func (s *Service) readRows(ctx context.Context, skus []string, leases *multi.Leases) (map[string]storage.Inventory, error) {
 	read := s.store.Inventory
 	if leases != nil { // the latest commits, as a lease holder's order reads (loader)
 		read = s.store.InventoryLatest
@@ -583,21 +584,21 @@ func (s *Service) invalidate(ctx context.Context, skus []string) error {
 }
 
 // cacheRows puts the rows a transition wrote in the stock cache.
-func (s *Service) cacheRows(ctx context.Context, rows []storage.Inventory, leases *locking.Leases) {
+func (s *Service) cacheRows(ctx context.Context, rows []storage.Inventory, leases *multi.Leases) {
 	for _, inv := range rows {
 		s.cacheWrite(ctx, toItem(inv), lease(leases, inv.SKU))
 	}
 }
 
 // refreshLines refreshes the cache entries of the lines' SKUs.
-func (s *Service) refreshLines(ctx context.Context, lines storage.Lines, leases *locking.Leases) {
+func (s *Service) refreshLines(ctx context.Context, lines storage.Lines, leases *multi.Leases) {
 	for _, l := range lines {
 		s.refresh(ctx, l.SKU, lease(leases, l.SKU))
 	}
 }
 
 // lease is sku's lease, nil without one.
-func lease(leases *locking.Leases, sku string) locking.Lease {
+func lease(leases *multi.Leases, sku string) locking.Lease {
 	if leases == nil {
 		return nil
 	}

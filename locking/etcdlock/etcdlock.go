@@ -49,7 +49,7 @@
 // The concurrency package's Session renews through the client's KeepAlive
 // stream, whose Done fires only once the client has given up, well after
 // the lease may have expired on the server. We renew with KeepAliveOnce
-// every TTL/3 through the shared locking.Keepalive instead, which knows when
+// every TTL/3 through the shared keepalive.Watchdog instead, which knows when
 // each renewal was sent: the server's expiry is at least that send time
 // plus the TTL, so Lost closes when the send time of the last successful
 // renewal plus the TTL minus a drift margin has passed, before the server
@@ -113,6 +113,7 @@ import (
 
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/internal/background"
+	"github.com/oversold-lab/oversold/locking/keepalive"
 )
 
 var _ locking.Locker = (*Locker)(nil)
@@ -172,11 +173,11 @@ type Locker struct {
 	beforeWatch func() // a test's hook between a waiter's look and its watch
 }
 
-// session is one etcd lease, renewed by a locking.Keepalive.
+// session is one etcd lease, renewed by a keepalive.Watchdog.
 type session struct {
 	id     clientv3.LeaseID
 	ttl    time.Duration // as granted
-	ka     *locking.Keepalive
+	ka     *keepalive.Watchdog
 	ctx    context.Context // done once the session is lost or closed
 	cancel context.CancelFunc
 
@@ -409,7 +410,7 @@ func (l *Locker) session(ctx context.Context) (*session, error) {
 	if f := l.cfg.OnRenewalFailed; f != nil {
 		onFail = func(err error) { f("", err) }
 	}
-	s.ka = locking.StartKeepalive(s.ttl, sent, func(ctx context.Context) error {
+	s.ka = keepalive.Start(s.ttl, sent, func(ctx context.Context) error {
 		_, err := l.cli.KeepAliveOnce(ctx, s.id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return locking.ErrNotHeld

@@ -30,7 +30,7 @@
 //     SELECT, sleeping a jittered backoff that starts at Config.MinPoll and
 //     doubles up to Config.MaxPoll, but never past the holder's remaining
 //     lease; when the row looks free it tries the INSERT again.
-//   - The holder renews every TTL/3 through locking.Keepalive with an UPDATE
+//   - The holder renews every TTL/3 through keepalive.Watchdog with an UPDATE
 //     that matches only its own, unexpired row, so a renewal never revives an
 //     expired lease or extends someone else's (REFERENCES.md, lesson 3).
 //   - Release deletes the row only while it is still this lease's and
@@ -139,6 +139,7 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/clock"
 	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/keepalive"
 )
 
 var _ locking.Locker = (*Locker)(nil)
@@ -928,7 +929,7 @@ func (l *Locker) hold(key, owner string, token uint64, sent time.Time, qc *queue
 	if f := l.cfg.OnRenewalFailed; f != nil {
 		onFail = func(err error) { f(key, err) }
 	}
-	s.keepalive = locking.StartKeepalive(l.cfg.TTL, sent, s.renew, onFail)
+	s.keepalive = keepalive.Start(l.cfg.TTL, sent, s.renew, onFail)
 	l.mu.Lock()
 	closed := l.closed
 	if !closed {
@@ -979,7 +980,7 @@ type lease struct {
 	key       string
 	owner     string
 	token     uint64
-	keepalive *locking.Keepalive
+	keepalive *keepalive.Watchdog
 
 	mu       sync.Mutex
 	released bool

@@ -11,7 +11,7 @@
 // fencing token. The hash tag {k} keeps the lock, its counter and its
 // channel in one Cluster slot. A granted lease is renewed every TTL/3 by a
 // script that extends the key only while it still holds the lease's owner
-// (locking.Keepalive), and Release deletes the key by the same owner check,
+// (keepalive.Watchdog), and Release deletes the key by the same owner check,
 // waking the first waiter (below) in the same script.
 //
 // A try that fails also queues the waiter, in the same script, in a fair
@@ -131,6 +131,7 @@ import (
 
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/internal/waitq"
+	"github.com/oversold-lab/oversold/locking/keepalive"
 )
 
 var _ locking.Locker = (*Locker)(nil)
@@ -662,7 +663,7 @@ func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner str
 		l.undo(ctx, n, owner, "")
 		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
 	}
-	s.ka = locking.StartKeepaliveFirst(l.cfg.TTL, px, sent, s.renew, onFail)
+	s.ka = keepalive.StartFirst(l.cfg.TTL, px, sent, s.renew, onFail)
 	l.leases[s] = struct{}{}
 	l.mu.Unlock()
 	return s, nil
@@ -716,7 +717,7 @@ type lease struct {
 	names    waitq.Names
 	owner    string
 	token    uint64
-	ka       *locking.Keepalive
+	ka       *keepalive.Watchdog
 	released atomic.Bool
 }
 

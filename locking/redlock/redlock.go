@@ -6,10 +6,10 @@
 // Acquire sends SET lock owner NX PX ttl (a random 128-bit owner) to every
 // node at once, each request bounded by a per-node timeout that is small
 // next to the TTL. The lock is granted when a majority said yes and time is
-// left: validity = TTL - elapsed - drift (locking.Drift), measured from the
+// left: validity = TTL - elapsed - drift (keepalive.Drift), measured from the
 // moment the requests were sent. Otherwise the attempt removes its key from
 // every node at once, with a fresh context (a node may have set the key and
-// lost the reply), and tries again. The watchdog (locking.Keepalive)
+// lost the reply), and tries again. The watchdog (keepalive.Watchdog)
 // renews every TTL/3 with an owner-checked PEXPIRE on every node; a renewal
 // counts only when a majority confirms it before the current validity runs
 // out. Release deletes the key by owner check on every node.
@@ -106,6 +106,7 @@ import (
 
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/internal/waitq"
+	"github.com/oversold-lab/oversold/locking/keepalive"
 )
 
 var _ locking.Locker = (*Locker)(nil)
@@ -521,7 +522,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 		}
 		elapsed := time.Since(sent)
 		t := count(votes)
-		if t.yes >= l.quorum && elapsed < l.cfg.TTL-locking.Drift(l.cfg.TTL) {
+		if t.yes >= l.quorum && elapsed < l.cfg.TTL-keepalive.Drift(l.cfg.TTL) {
 			w.Drain()
 			granted = true
 			return l.grant(ctx, key, n, owner, member, sent, w.sent, w.unanswered)
@@ -776,7 +777,7 @@ func (l *Locker) grant(ctx context.Context, key string, n waitq.Names, owner, me
 		l.leave(ctx, n, owner, member, acquires, unanswered)
 		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
 	}
-	s.ka = locking.StartKeepalive(l.cfg.TTL, sent, s.renew, onFail)
+	s.ka = keepalive.Start(l.cfg.TTL, sent, s.renew, onFail)
 	l.leases[s] = struct{}{}
 	l.mu.Unlock()
 	return s, nil
@@ -827,7 +828,7 @@ type lease struct {
 	// unanswered marks the nodes where an acquire request had no answer:
 	// Release buries owner and member there (see release).
 	unanswered []atomic.Bool
-	ka         *locking.Keepalive
+	ka         *keepalive.Watchdog
 	released   atomic.Bool
 }
 

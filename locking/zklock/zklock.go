@@ -55,7 +55,7 @@
 //   - when no request has succeeded for the session timeout minus a drift
 //     margin, counted from the send time of the last successful check: a
 //     disconnect that long means ownership is unknown, and the server may
-//     expire the session at that moment. The shared locking.Keepalive
+//     expire the session at that moment. The shared keepalive.Watchdog
 //     checks (Sync, then Exists on our node, every timeout/3) and keeps
 //     this clock.
 //
@@ -113,6 +113,7 @@ import (
 
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/internal/background"
+	"github.com/oversold-lab/oversold/locking/keepalive"
 )
 
 var _ locking.Locker = (*Locker)(nil)
@@ -562,7 +563,7 @@ func (l *Locker) grant(key, path string, session int64, sent time.Time, pzxid in
 	if f := l.cfg.OnRenewalFailed; f != nil {
 		onFail = func(err error) { f(key, err) }
 	}
-	s.ka = locking.StartKeepalive(trusted(l.SessionTimeout()), sent, s.check, onFail)
+	s.ka = keepalive.Start(trusted(l.SessionTimeout()), sent, s.check, onFail)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -761,7 +762,7 @@ type lease struct {
 	path     string
 	session  int64 // the session that owns the node
 	token    uint64
-	ka       *locking.Keepalive
+	ka       *keepalive.Watchdog
 	released atomic.Bool
 	// watchTimer sets the watch on our node after watchDelay.
 	watchTimer *time.Timer

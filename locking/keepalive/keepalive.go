@@ -1,13 +1,17 @@
-package locking
+// Package keepalive renews a lease with a TTL and says when it can no
+// longer be trusted: the watchdog of the redis, redlock and mysql locks.
+package keepalive
 
 import (
 	"context"
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/oversold-lab/oversold/locking"
 )
 
-// Keepalive is the watchdog shared by the TTL-based backends (redis,
+// Watchdog is the renewal loop shared by the TTL-based backends (redis,
 // redlock, mysql; zookeeper and etcd keep their sessions' clocks with it).
 // It renews a lease every ttl/3 and closes Lost once the lease's validity
 // runs out: validity is measured from the send time of the last successful
@@ -20,7 +24,7 @@ import (
 // every other lease's, and no goroutine of its own: a lease that is
 // released before its first renewal (most of them) costs two heap pushes
 // and pops.
-type Keepalive struct {
+type Watchdog struct {
 	ttl    time.Duration
 	now    func() time.Time // time.Now; a test's clock can jump as a pause would
 	renew  RenewFunc
@@ -49,27 +53,27 @@ type RenewFunc func(ctx context.Context) error
 // TTL plus 2ms, as in the Redlock description.
 func Drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
-// StartKeepalive starts renewing a lease granted by a request sent at sent.
+// Start starts renewing a lease granted by a request sent at sent.
 // onFail, if not nil, hears every failed renewal (for metrics).
-func StartKeepalive(ttl time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
-	return startKeepalive(time.Now, ttl, sent, renew, onFail)
+func Start(ttl time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Watchdog {
+	return start(time.Now, ttl, sent, renew, onFail)
 }
 
-// StartKeepaliveFirst is StartKeepalive for a lease granted for first, less
+// StartFirst is Start for a lease granted for first, less
 // than ttl (redislock's direct handoff sets the key's PX short, so that a
 // waiter that died does not block the key for a whole TTL): it is valid
 // for first from sent and renewed first/3 from now (retried every
 // first/12); each renewal then extends it to ttl.
-func StartKeepaliveFirst(ttl, first time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
-	return startKeepaliveFirst(time.Now, ttl, min(first, ttl), sent, renew, onFail)
+func StartFirst(ttl, first time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Watchdog {
+	return startFirst(time.Now, ttl, min(first, ttl), sent, renew, onFail)
 }
 
-func startKeepalive(now func() time.Time, ttl time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
-	return startKeepaliveFirst(now, ttl, ttl, sent, renew, onFail)
+func start(now func() time.Time, ttl time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Watchdog {
+	return startFirst(now, ttl, ttl, sent, renew, onFail)
 }
 
-func startKeepaliveFirst(now func() time.Time, ttl, first time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Keepalive {
-	k := &Keepalive{
+func startFirst(now func() time.Time, ttl, first time.Duration, sent time.Time, renew RenewFunc, onFail func(error)) *Watchdog {
+	k := &Watchdog{
 		ttl:        ttl,
 		now:        now,
 		renew:      renew,
@@ -91,7 +95,7 @@ func startKeepaliveFirst(now func() time.Time, ttl, first time.Duration, sent ti
 // clock itself rather than trust the expiry alarm alone: after a pause
 // (SIGSTOP, a long GC) the holder's first look must find the lease gone,
 // not race the alarm that was due to close it meanwhile.
-func (k *Keepalive) Lost() <-chan struct{} {
+func (k *Watchdog) Lost() <-chan struct{} {
 	if !k.isLost() {
 		k.mu.Lock()
 		expired := !k.stopped && !k.now().Before(k.validUntil)
@@ -105,7 +109,7 @@ func (k *Keepalive) Lost() <-chan struct{} {
 
 // Stop ends renewal and waits until no renewal is in flight, so that a
 // release that follows cannot race a renewal.
-func (k *Keepalive) Stop() {
+func (k *Watchdog) Stop() {
 	k.mu.Lock()
 	k.stopped = true
 	k.next.stop()
@@ -120,13 +124,13 @@ func (k *Keepalive) Stop() {
 
 // MarkLost closes Lost; backends call it when they learn of the loss
 // another way (a release that found the lease gone).
-func (k *Keepalive) MarkLost() { k.once.Do(func() { close(k.lost) }) }
+func (k *Watchdog) MarkLost() { k.once.Do(func() { close(k.lost) }) }
 
 // expire closes Lost when the validity has ended. A renewal that answered
 // after its expiry alarm was taken off the schedule, but before the
 // alarm's goroutine ran, extended the validity and set the alarm again:
 // closing Lost then would give up a lease just renewed.
-func (k *Keepalive) expire() {
+func (k *Watchdog) expire() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.now().Before(k.validUntil) {
@@ -134,7 +138,7 @@ func (k *Keepalive) expire() {
 	}
 }
 
-func (k *Keepalive) isLost() bool {
+func (k *Watchdog) isLost() bool {
 	select {
 	case <-k.lost:
 		return true
@@ -143,7 +147,7 @@ func (k *Keepalive) isLost() bool {
 	}
 }
 
-func (k *Keepalive) deadline() time.Time {
+func (k *Watchdog) deadline() time.Time {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.validUntil
@@ -153,7 +157,7 @@ func (k *Keepalive) deadline() time.Time {
 // validity is worthless, so its context ends there; and one that hangs
 // regardless (a client ignoring its context) does not hold Lost open, since
 // the expiry alarm fires on its own.
-func (k *Keepalive) renewOnce() {
+func (k *Watchdog) renewOnce() {
 	k.mu.Lock()
 	if k.stopped || k.isLost() { // a renewal would extend a lease nobody trusts
 		k.mu.Unlock()
@@ -183,7 +187,7 @@ func (k *Keepalive) renewOnce() {
 		k.mu.Unlock()
 		return
 	}
-	if errors.Is(err, ErrNotHeld) {
+	if errors.Is(err, locking.ErrNotHeld) {
 		k.MarkLost()
 	} else {
 		// Transient: try again soon; the expiry alarm still bounds us.

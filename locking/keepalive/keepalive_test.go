@@ -1,4 +1,4 @@
-package locking
+package keepalive
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/oversold-lab/oversold/locking"
 )
 
 // The renew functions here are in-process stand-ins: the keepalive is pure
@@ -18,7 +20,7 @@ import (
 func TestKeepaliveRenewsWhileRenewalsSucceed(t *testing.T) {
 	const ttl = 600 * time.Millisecond
 	var calls atomic.Int32
-	k := StartKeepalive(ttl, time.Now(), func(context.Context) error { calls.Add(1); return nil }, nil)
+	k := Start(ttl, time.Now(), func(context.Context) error { calls.Add(1); return nil }, nil)
 	defer k.Stop()
 	select {
 	case <-k.Lost():
@@ -34,7 +36,7 @@ func TestKeepaliveLostWhenValidityRunsOut(t *testing.T) {
 	const ttl = 150 * time.Millisecond
 	var failures atomic.Int32
 	sent := time.Now()
-	k := StartKeepalive(ttl, sent, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
+	k := Start(ttl, sent, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
 		func(error) { failures.Add(1) })
 	defer k.Stop()
 	select {
@@ -51,7 +53,7 @@ func TestKeepaliveLostWhenValidityRunsOut(t *testing.T) {
 func TestKeepaliveLostAtOnceWhenNotHeld(t *testing.T) {
 	const ttl = 3 * time.Second
 	var failures atomic.Int32
-	k := StartKeepalive(ttl, time.Now(), func(context.Context) error { return ErrNotHeld }, func(error) { failures.Add(1) })
+	k := Start(ttl, time.Now(), func(context.Context) error { return locking.ErrNotHeld }, func(error) { failures.Add(1) })
 	defer k.Stop()
 	select {
 	case <-k.Lost():
@@ -66,7 +68,7 @@ func TestKeepaliveLostAtOnceWhenNotHeld(t *testing.T) {
 func TestKeepaliveTransientFailureRetriedSooner(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	var calls atomic.Int32
-	k := StartKeepalive(ttl, time.Now(), func(context.Context) error {
+	k := Start(ttl, time.Now(), func(context.Context) error {
 		if calls.Add(1) == 1 {
 			return errors.New("connection reset")
 		}
@@ -83,7 +85,7 @@ func TestKeepaliveTransientFailureRetriedSooner(t *testing.T) {
 func TestKeepaliveStopIsSynchronous(t *testing.T) {
 	var inFlight, after atomic.Int32
 	var stopped atomic.Bool
-	k := StartKeepalive(30*time.Millisecond, time.Now(), func(ctx context.Context) error {
+	k := Start(30*time.Millisecond, time.Now(), func(ctx context.Context) error {
 		if stopped.Load() {
 			after.Add(1)
 		}
@@ -109,7 +111,7 @@ func TestKeepaliveStopIsSynchronous(t *testing.T) {
 func TestKeepaliveLostWhileRenewalHangs(t *testing.T) {
 	const ttl = 150 * time.Millisecond
 	unblock := make(chan struct{})
-	k := StartKeepalive(ttl, time.Now(), func(context.Context) error { <-unblock; return nil }, nil)
+	k := Start(ttl, time.Now(), func(context.Context) error { <-unblock; return nil }, nil)
 	select {
 	case <-k.Lost():
 	case <-time.After(5 * ttl):
@@ -126,7 +128,7 @@ func TestKeepaliveLostWhileRenewalHangs(t *testing.T) {
 func TestKeepaliveLostWhileOnFailBlocks(t *testing.T) {
 	const ttl = 150 * time.Millisecond
 	unblock := make(chan struct{})
-	k := StartKeepalive(ttl, time.Now(), func(context.Context) error { return errors.New("transient") },
+	k := Start(ttl, time.Now(), func(context.Context) error { return errors.New("transient") },
 		func(error) { <-unblock })
 	lost := k.Lost() // taken while the lease is valid, as a holder's watcher does
 	select {
@@ -147,7 +149,7 @@ func TestLostReadsTheClock(t *testing.T) {
 	const ttl = time.Minute
 	var paused atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(paused.Load())) }
-	k := startKeepalive(now, ttl, now(), func(context.Context) error { return nil }, nil)
+	k := start(now, ttl, now(), func(context.Context) error { return nil }, nil)
 	defer k.Stop()
 	select {
 	case <-k.Lost():
@@ -167,7 +169,7 @@ func TestLostReadsTheClock(t *testing.T) {
 func TestKeepaliveNoRenewalAfterLost(t *testing.T) {
 	const ttl = 30 * time.Millisecond
 	var calls atomic.Int32
-	k := StartKeepalive(ttl, time.Now(), func(context.Context) error { calls.Add(1); return nil }, nil)
+	k := Start(ttl, time.Now(), func(context.Context) error { calls.Add(1); return nil }, nil)
 	k.MarkLost()
 	time.Sleep(2 * ttl) // past the first renewal's due time
 	k.Stop()
@@ -184,7 +186,7 @@ func TestKeepaliveFirst(t *testing.T) {
 	const ttl, first = 10 * time.Second, 300 * time.Millisecond
 	unblock := make(chan struct{})
 	start := time.Now()
-	k := StartKeepaliveFirst(ttl, first, start, func(context.Context) error { <-unblock; return nil }, nil)
+	k := StartFirst(ttl, first, start, func(context.Context) error { <-unblock; return nil }, nil)
 	select {
 	case <-k.Lost():
 		if d := time.Since(start); d < first-Drift(first)-10*time.Millisecond {
@@ -197,7 +199,7 @@ func TestKeepaliveFirst(t *testing.T) {
 	k.Stop()
 
 	var calls atomic.Int32
-	k = StartKeepaliveFirst(ttl, first, time.Now(), func(context.Context) error { calls.Add(1); return nil }, nil)
+	k = StartFirst(ttl, first, time.Now(), func(context.Context) error { calls.Add(1); return nil }, nil)
 	defer k.Stop()
 	time.Sleep(2 * first)
 	select {
@@ -225,7 +227,7 @@ func TestExpiryAlarmHonoursARenewal(t *testing.T) {
 	for range n {
 		wg.Go(func() {
 			var once atomic.Bool
-			k := StartKeepalive(ttl, time.Now(), func(ctx context.Context) error {
+			k := Start(ttl, time.Now(), func(ctx context.Context) error {
 				if once.Swap(true) {
 					return hang(ctx)
 				}

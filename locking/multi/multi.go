@@ -1,4 +1,6 @@
-package locking
+// Package multi holds the locks of several keys together (a cart of
+// SKUs), taken in sorted order so two carts never wait on each other.
+package multi
 
 import (
 	"context"
@@ -7,15 +9,17 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/oversold-lab/oversold/locking"
 )
 
-// releaseTimeout bounds the release of the leases AcquireAll got before it
+// releaseTimeout bounds the release of the leases Acquire got before it
 // failed: it runs on a context of its own, the caller's may be done.
 const releaseTimeout = 5 * time.Second
 
 // Leases are the leases of several keys, held together.
 type Leases struct {
-	leases []Lease // in key order
+	leases []locking.Lease // in key order
 	lost   chan struct{}
 	stop   chan struct{}
 	wg     sync.WaitGroup
@@ -23,13 +27,13 @@ type Leases struct {
 	ended  sync.Once // closes stop
 }
 
-// AcquireAll takes the locks of keys one after the other in one global
+// Acquire takes the locks of keys one after the other in one global
 // order, sorted and without repeats, so two callers wanting {A, B} and
 // {B, A} never wait for each other in a cycle: whoever holds the smaller
 // key gets the larger one next. It blocks until every lock is held, ctx
 // is done, or the backend fails; on failure it releases what it got, on a
 // context of its own, and returns Acquire's error.
-func AcquireAll(ctx context.Context, l Locker, keys []string) (*Leases, error) {
+func Acquire(ctx context.Context, l locking.Locker, keys []string) (*Leases, error) {
 	keys = slices.Clone(keys)
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
@@ -49,7 +53,7 @@ func AcquireAll(ctx context.Context, l Locker, keys []string) (*Leases, error) {
 }
 
 // watch closes Lost when lease is lost, until Release.
-func (m *Leases) watch(lease Lease) {
+func (m *Leases) watch(lease locking.Lease) {
 	defer m.wg.Done()
 	select {
 	case <-lease.Lost():
@@ -59,10 +63,10 @@ func (m *Leases) watch(lease Lease) {
 }
 
 // Leases returns the leases held, in key order.
-func (m *Leases) Leases() []Lease { return m.leases }
+func (m *Leases) Leases() []locking.Lease { return m.leases }
 
 // Lease returns the lease of key, or nil.
-func (m *Leases) Lease(key string) Lease {
+func (m *Leases) Lease(key string) locking.Lease {
 	for _, l := range m.leases {
 		if l.Key() == key {
 			return l

@@ -1,4 +1,4 @@
-package locking
+package keepalive
 
 import (
 	"context"
@@ -17,12 +17,12 @@ func hang(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
 // only for its first alarm, or only when none is pending, keeps the short
 // lease's Lost open for that hour).
 func TestAlarmEarlierThanArmed(t *testing.T) {
-	long := StartKeepalive(time.Hour, time.Now(), hang, nil)
+	long := Start(time.Hour, time.Now(), hang, nil)
 	defer long.Stop()
 	waitArmedNotBefore(t, long.next.at)
 
 	const ttl = 150 * time.Millisecond
-	k := StartKeepalive(ttl, time.Now(), hang, nil)
+	k := Start(ttl, time.Now(), hang, nil)
 	defer k.Stop()
 	select {
 	case <-k.lost: // the channel itself: Lost() would read the clock
@@ -59,9 +59,9 @@ func TestAlarmsManyLeases(t *testing.T) {
 		renewed = make(map[int]bool)
 	)
 	ttl := func(i int) time.Duration { return 300*time.Millisecond + time.Duration(i)*time.Millisecond }
-	ks := make([]*Keepalive, n)
+	ks := make([]*Watchdog, n)
 	for i := range ks {
-		ks[i] = StartKeepalive(ttl(i), time.Now(), func(ctx context.Context) error {
+		ks[i] = Start(ttl(i), time.Now(), func(ctx context.Context) error {
 			mu.Lock()
 			renewed[i] = true
 			mu.Unlock()

@@ -1,4 +1,4 @@
-package locking
+package keepalive
 
 import (
 	"container/heap"
@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// alarm is one of a Keepalive's two timers (its next renewal, its expiry).
-// The alarms of every Keepalive in the process share one runtime timer,
+// alarm is one of a Watchdog's two timers (its next renewal, its expiry).
+// The alarms of every Watchdog in the process share one runtime timer,
 // armed at the earliest alarm: starting a lease sets two alarms that are
 // due later than those already set (the same TTL, granted later), which
 // costs a heap push and no runtime timer. A runtime timer per lease cost
@@ -18,9 +18,9 @@ import (
 //
 // Its semantics are time.AfterFunc's: set is Reset, stop is Stop, and a
 // due alarm runs its action in a goroutine of its own; an action already
-// started when stop is called still runs (Keepalive checks stopped).
+// started when stop is called still runs (Watchdog checks stopped).
 type alarm struct {
-	k      *Keepalive
+	k      *Watchdog
 	expire bool      // MarkLost, else renewOnce
 	at     time.Time // due time, monotonic
 	i      int       // index in alarms.due; -1 when not set
@@ -116,7 +116,7 @@ func (h *alarmHeap) Push(x any) {
 func (h *alarmHeap) Pop() any {
 	old := *h
 	a := old[len(old)-1]
-	old[len(old)-1] = nil // no hold on a released lease's Keepalive
+	old[len(old)-1] = nil // no hold on a released lease's Watchdog
 	*h = old[:len(old)-1]
 	a.i = -1
 	return a

@@ -1,4 +1,4 @@
-package locking_test
+package multi_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/local"
+	"github.com/oversold-lab/oversold/locking/multi"
 )
 
 // TestAcquireAllOppositeOrders: callers wanting {a, b} and {b, a} at once,
@@ -29,7 +30,7 @@ func TestAcquireAllOppositeOrders(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			for range 200 {
-				m, err := locking.AcquireAll(ctx, l, keys)
+				m, err := multi.Acquire(ctx, l, keys)
 				if err != nil {
 					t.Errorf("acquire %v: %v", keys, err)
 					return
@@ -58,7 +59,7 @@ func TestAcquireAllCancelledWait(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
-	if _, err := locking.AcquireAll(ctx, l, []string{"b", "a"}); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := multi.Acquire(ctx, l, []string{"b", "a"}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("AcquireAll while b is held: %v, want a deadline error", err)
 	}
 	// "a" was taken first (sorted) and must be free again.
@@ -78,7 +79,7 @@ func TestAcquireAllLost(t *testing.T) {
 	l := local.New()
 	defer l.Close()
 	lose := make(chan struct{})
-	m, err := locking.AcquireAll(t.Context(), losing{l, "b", lose}, []string{"a", "b", "c"})
+	m, err := multi.Acquire(t.Context(), losing{l, "b", lose}, []string{"a", "b", "c"})
 	if err != nil {
 		t.Fatal(err)
 	}
