@@ -94,8 +94,7 @@ images: deps
 # end (the faults that signal a server: deploy/images/README.md). Official images when
 # they can be pulled, else the stand-ins. Skipped, saying so, where no engine
 # runs and none can be started (not root); OVERSOLD_REQUIRE_CONTAINERS=1 fails then.
-CONTAINER_TESTS := ./internal/testbed/ ./locking/zklock/ ./locking/etcdlock/ \
-	./locking/redislock/ ./locking/redlock/ ./locking/mysqllock/
+CONTAINER_TESTS := ./internal/testbed/ ./locking/...
 test-containers: deps
 	@env=$$(deploy/images/testbed-env.sh) || { \
 		echo "test-containers: SKIPPED: no container engine"; \
