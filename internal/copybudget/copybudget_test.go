@@ -86,4 +86,3 @@ func countLines(t *testing.T, path string) int {
 	}
 	return bytes.Count(b, []byte("\n"))
 }
-
