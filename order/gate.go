@@ -316,9 +316,9 @@ func (s *Service) BackCheck(ctx context.Context, now time.Time) (int, error) {
 // stock: a give-back lost with its replica (a hold cancelled, then the
 // replica died) or stock added in MySQL outside PUT. The counter is
 // written only if it did not change while MySQL was read, so it never
-// admits more than MySQL holds. Not under guard none: its writes build on
-// a read that may be stale, so MySQL's stock is not the truth there (the
-// peers' trusting configuration: the gate is).
+// admits more than MySQL holds. Not under guard none: that is the peers'
+// trusting configuration, in which the gate is the truth during the sale,
+// and the lab shows what it costs when the gate's Redis loses writes.
 func (s *Service) Reconcile(ctx context.Context) error {
 	if s.cfg.Gate == nil || s.cfg.Guard == storage.GuardNone {
 		return nil

@@ -541,7 +541,8 @@ func (s *Service) newOrder(req Request, lease locking.Lease) storage.Order {
 // write is step 6: the guarded write and the orders in one transaction.
 // The lease was checked once before it (sell); there is no second check.
 func (s *Service) write(ctx context.Context, orders []storage.Order, seen inventory.Item, lease locking.Lease, first Request) (storage.Inventory, error) {
-	w := storage.Write{Guard: s.cfg.Guard, Orders: orders, Stock: seen.Stock, Version: seen.Version, Epoch: s.epoch.Load(), Token: orders[0].Token}
+	w := storage.Write{Guard: s.cfg.Guard, Orders: orders, Stock: seen.Stock, Version: seen.Version, Epoch: s.epoch.Load(), Token: orders[0].Token,
+		Decrement: s.cfg.Gate != nil}
 	return s.store.PlaceOrder(ctx, w, func() error {
 		s.hook(ctx, HookBeforeCommit, first, lease)
 		return nil

@@ -52,6 +52,11 @@ type Write struct {
 	// pair (Epoch, Token) with the row's (see fenceBelow).
 	Epoch uint64
 	Token uint64
+	// Decrement makes guard none write stock - quantity rather than the
+	// stock read: with the stock gate, the check happened in Redis and
+	// MySQL is decremented without a condition, as the flash-sale systems
+	// that trust their gate do.
+	Decrement bool
 }
 
 // sku is the SKU of the write's orders.
@@ -134,8 +139,9 @@ func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() err
 	if err != nil {
 		return Inventory{}, fmt.Errorf("place order on %q: %w", w.sku(), err)
 	}
+	relative := w.Guard == GuardAtomic || (w.Guard == GuardNone && w.Decrement)
 	switch {
-	case w.Guard != GuardAtomic || inv.Version == w.Version+1:
+	case !relative || inv.Version == w.Version+1:
 		// Stock and version change together, so the stock read at
 		// w.Version was the stock our write started from.
 		inv.Stock = w.Stock - w.quantity()
@@ -187,6 +193,11 @@ func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, c
 		query = `UPDATE inventory SET stock = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
 			WHERE sku = ?`
 		args = []any{w.Stock - q, sku}
+		if w.Decrement {
+			query = `UPDATE inventory SET stock = stock - ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
+			WHERE sku = ?`
+			args = []any{q, sku}
+		}
 	case GuardVersion:
 		query = `UPDATE inventory SET stock = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
 			WHERE sku = ? AND version = ?`
