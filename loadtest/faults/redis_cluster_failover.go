@@ -22,7 +22,9 @@ import (
 // documentation says so: it "is not able to guarantee strong consistency",
 // and acknowledged writes are lost when a master fails before replicating.
 // Guard none loses an update; fencing and version refuse the stale write.
-func RedisClusterFailover() loadtest.Fault { return failoverFault(startClusterFailover) }
+func RedisClusterFailover() loadtest.Fault {
+	return failoverFault(startClusterFailover, []string{"redis"})
+}
 
 func startClusterFailover(ctx context.Context) (*failover, error) {
 	c, err := testbed.StartRedisCluster(ctx, testbed.ClusterOptions{Args: []string{

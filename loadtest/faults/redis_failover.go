@@ -82,14 +82,19 @@ const (
 // version the stale write is refused (the promoted replica's stock cache is
 // behind too: it missed the cut orders' cache updates). Under guard none
 // the second holder writes the stale stock: a lost update.
-func RedisFailover() loadtest.Fault { return failoverFault(startFailover) }
+//
+// Under lock none the failover strikes the stock gate's Redis (--gates
+// redis), or the cache's alone without it: injectSoldOut.
+func RedisFailover() loadtest.Fault {
+	return failoverFault(startFailover, []string{"redis", "none"})
+}
 
 // failoverFault is a failover scenario on the deployment start makes for
 // each run (Sentinel, a Redis Cluster).
-func failoverFault(start func(context.Context) (*failover, error)) loadtest.Fault {
+func failoverFault(start func(context.Context) (*failover, error), backends []string) loadtest.Fault {
 	var runs perRun[*failover]
 	return loadtest.Fault{
-		Backends: []string{"redis"},
+		Backends: backends,
 		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
 			f, err := start(ctx)
 			if err != nil {
@@ -104,7 +109,7 @@ func failoverFault(start func(context.Context) (*failover, error)) loadtest.Faul
 			run.Servers.RedisAddr = f.Addr()
 			hookEveryReplica(run, hook)
 			f.ttl = ttl(run)
-			if f.ttl < failoverTTL {
+			if f.ttl < failoverTTL && run.Spec.Backend != "none" {
 				for _, env := range run.ReplicaEnv {
 					env["OVERSOLD_LOCK_TTL"] = failoverTTL.String()
 				}
@@ -122,6 +127,9 @@ func failoverFault(start func(context.Context) (*failover, error)) loadtest.Faul
 			f, err := runs.get(run)
 			if err != nil {
 				return err
+			}
+			if run.Spec.Backend == "none" {
+				return f.injectSoldOut(ctx, run)
 			}
 			return f.inject(ctx, run)
 		},

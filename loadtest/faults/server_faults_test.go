@@ -96,6 +96,30 @@ func TestRedisFailover(t *testing.T) {
 	}
 }
 
+// TestGateFailover: the same failover without a lock strikes the stock
+// gate's Redis: the promoted replica never saw what was sold after the cut
+// and admits orders for stock that is gone. The peers' trusting
+// configuration (guard none) sells it; guard atomic refuses it in MySQL.
+func TestGateFailover(t *testing.T) {
+	needServers(t, "sentinel")
+	for _, guard := range []string{"none", "atomic"} {
+		t.Run("none/"+guard+"+gate", func(t *testing.T) {
+			spec := short("redis-failover", "none", guard)
+			spec.Gate = "redis"
+			spec.Requests, spec.Rate = 20, 100
+			r := runFault(t, spec)
+			assertFired(t, r)
+			if guard == "none" {
+				if r.Oversold == 0 {
+					t.Errorf("%s: %s; want the promoted gate to oversell (%v)", r.Name(), r.Verdict(), r.FaultEvents)
+				}
+				return
+			}
+			assertSafe(t, r)
+		})
+	}
+}
+
 // TestRedlockNodeRestart: a granting node restarted at once makes a second
 // majority (the two holders this fault must show); guard version keeps the
 // invariants; the delayed restart (the control) makes no overlap at all.
