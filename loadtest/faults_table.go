@@ -14,11 +14,15 @@ import (
 // backend with one guard (several with --repeat), summed.
 type FaultRow struct {
 	Fault, Backend, Guard string
+	Gate                  string // "redis" for the gated runs
 	Runs, Safe, Failed    int
 	Fired                 int // runs whose fault did strike
 	NotApplicable         bool
 	Oversold, LostUpdates int
 	Undersold             int
+	// UndersoldSettled sums what the gate still withheld after its
+	// back-check, over the runs that measured it (nil: none did).
+	UndersoldSettled *int
 	LostAcks, Duplicates  int
 	Overlaps, Refused     int
 	Recovery              []time.Duration // each run's, where measured
@@ -27,7 +31,7 @@ type FaultRow struct {
 // Cells is the row as the tables print it.
 func (f FaultRow) Cells() []string {
 	if f.NotApplicable {
-		return []string{f.Fault, f.Backend, f.Guard, "n/a", "-", "-", "-", "-", "-", "-", "-", "-"}
+		return []string{f.Fault, f.Backend, f.guardCell(), "n/a", "-", "-", "-", "-", "-", "-", "-", "-"}
 	}
 	safe := "yes"
 	switch {
@@ -48,8 +52,25 @@ func (f FaultRow) Cells() []string {
 		rec = fmt.Sprintf("%s (max %s)", num(ms(percentile(rs, 0.5))), num(ms(slices.Max(rs))))
 	}
 	fired := fmt.Sprintf("%d/%d", f.Fired, f.Runs)
-	return []string{f.Fault, f.Backend, f.Guard, safe, fired, strconv.Itoa(f.Oversold), strconv.Itoa(f.Undersold), strconv.Itoa(f.LostUpdates),
+	return []string{f.Fault, f.Backend, f.guardCell(), safe, fired, strconv.Itoa(f.Oversold), undersoldCell(f.Undersold, f.UndersoldSettled), strconv.Itoa(f.LostUpdates),
 		strconv.Itoa(f.LostAcks + f.Duplicates), strconv.Itoa(f.Overlaps), strconv.Itoa(f.Refused), rec}
+}
+
+// guardCell is the guard as a run's name ends: +gate for a gated row.
+func (f FaultRow) guardCell() string {
+	if f.Gate != "" {
+		return f.Guard + "+gate"
+	}
+	return f.Guard
+}
+
+// undersoldCell is undersold at the end of the load, and, where the gate's
+// back-check was watched, what remained once it had run: "21 → 0".
+func undersoldCell(undersold int, settled *int) string {
+	if settled == nil {
+		return strconv.Itoa(undersold)
+	}
+	return fmt.Sprintf("%d → %d", undersold, *settled)
 }
 
 // FaultHeads names FaultRow.Cells.
@@ -64,12 +85,12 @@ func FaultRows(results []Result) []FaultRow {
 		if r.Fault == "" {
 			continue
 		}
-		k := r.Fault + "\x00" + r.Backend + "\x00" + r.Guard
+		k := r.Fault + "\x00" + r.Backend + "\x00" + r.Guard + "\x00" + r.Gate
 		i, ok := index[k]
 		if !ok {
 			i = len(rows)
 			index[k] = i
-			rows = append(rows, FaultRow{Fault: r.Fault, Backend: r.Backend, Guard: r.Guard, NotApplicable: true})
+			rows = append(rows, FaultRow{Fault: r.Fault, Backend: r.Backend, Guard: r.Guard, Gate: r.Gate, NotApplicable: true})
 		}
 		row := &rows[i]
 		if r.NotApplicable {
@@ -89,6 +110,13 @@ func FaultRows(results []Result) []FaultRow {
 		}
 		row.Oversold += r.Oversold
 		row.Undersold += r.Undersold
+		if r.UndersoldSettled != nil {
+			sum := *r.UndersoldSettled
+			if row.UndersoldSettled != nil {
+				sum += *row.UndersoldSettled
+			}
+			row.UndersoldSettled = &sum
+		}
 		row.LostUpdates += r.LostUpdates
 		row.LostAcks += r.LostAcks
 		row.Duplicates += r.Duplicates

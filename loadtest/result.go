@@ -31,6 +31,12 @@ type Result struct {
 	// some order was refused out_of_stock: customers turned away while
 	// there was stock to sell (0 when nothing was refused).
 	Undersold int `json:"undersold"`
+	// UndersoldSettled is, in a gated run that undersold, the stock the
+	// gate still withheld from MySQL's once its back-check's bound had
+	// passed (0: every pre-deduction of an order that never committed was
+	// given back); SettledMS is how long after the load that took.
+	UndersoldSettled *int     `json:"undersold_settled,omitempty"`
+	SettledMS        *float64 `json:"settled_ms,omitempty"`
 	// ErrorCodes counts the refused answers by status and API error code,
 	// "409 out_of_stock", "503 unavailable": what the report explains.
 	ErrorCodes map[string]int `json:"error_codes,omitempty"`

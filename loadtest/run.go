@@ -482,6 +482,11 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	checkHistory(ctx, rn.DB, spec, skus, atk.Answers, res)
 	res.Oversold, res.LostUpdates, res.LostAcks, res.Duplicates = inv.Oversold, inv.LostUpdates, inv.LostAcks, inv.Duplicates
 	res.Undersold = inv.Undersold
+	if spec.Gate != "" && inv.Undersold > 0 {
+		if err := rn.settleGate(ctx, run, soldOut(atk.Answers), res); err != nil {
+			res.Notes = append(res.Notes, "the gate's back-check was not watched: "+err.Error())
+		}
+	}
 	if len(inv.MissingIDs) > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("acknowledged but not in MySQL: %q", inv.MissingIDs))
 	}

@@ -24,7 +24,7 @@ var columns = []column{
 	{"sold/stock", func(r Result) string { return fmt.Sprintf("%d/%d", r.OrderedQuantity, r.InitialStock) }},
 	{"final", func(r Result) string { return strconv.Itoa(r.FinalStock) }},
 	{"oversold", func(r Result) string { return strconv.Itoa(r.Oversold) }},
-	{"undersold", func(r Result) string { return strconv.Itoa(r.Undersold) }},
+	{"undersold", func(r Result) string { return undersoldCell(r.Undersold, r.UndersoldSettled) }},
 	{"lost upd", func(r Result) string { return strconv.Itoa(r.LostUpdates) }},
 	{"lost acks", func(r Result) string { return strconv.Itoa(r.LostAcks) }},
 	{"dup", func(r Result) string { return strconv.Itoa(r.Duplicates) }},
