@@ -22,10 +22,10 @@ type FaultRow struct {
 	Undersold             int
 	// UndersoldSettled sums what the gate still withheld after its
 	// back-check, over the runs that measured it (nil: none did).
-	UndersoldSettled *int
-	LostAcks, Duplicates  int
-	Overlaps, Refused     int
-	Recovery              []time.Duration // each run's, where measured
+	UndersoldSettled     *int
+	LostAcks, Duplicates int
+	Overlaps, Refused    int
+	Recovery             []time.Duration // each run's, where measured
 }
 
 // Cells is the row as the tables print it.
