@@ -18,10 +18,23 @@ const settleLimit = 50 * time.Second
 // settleGate watches, after a gated run that undersold, the gate give back
 // what it withheld: a replica killed between its take and its commit
 // leaves the take pending, and the gate admits less than MySQL holds until
-// a back-check settles it. It waits until every sold-out SKU's counter
-// equals MySQL's stock with nothing in flight, or settleLimit, and records
-// what the gate still withholds then (res.UndersoldSettled).
-func (rn *Runner) settleGate(ctx context.Context, run *Run, skus []string, res *Result) error {
+// a back-check settles it. The back-check is orderd's own (its sweeper):
+// the lab starts one of its stopped replicas again for it, takes no order
+// through it, and stops it after. It waits until every sold-out SKU's
+// counter equals MySQL's stock, or settleLimit, and records what the gate
+// still withholds then (res.UndersoldSettled).
+func (rn *Runner) settleGate(ctx context.Context, run *Run, stopped *Fleet, skus []string, res *Result) error {
+	if stopped != nil && len(stopped.Replicas) > 0 {
+		r := stopped.Replicas[0]
+		if err := r.Start(ctx); err != nil {
+			return fmt.Errorf("start %s for the back-check: %w", r.Name, err)
+		}
+		defer func() {
+			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = r.Stop(stopCtx)
+		}()
+	}
 	rdb, err := redisconn.Open(run.Servers.RedisAddr)
 	if err != nil {
 		return err

@@ -43,7 +43,7 @@ func TestSettleGate(t *testing.T) {
 		}
 	}()
 	res := &Result{Undersold: 3}
-	if err := rn.settleGate(ctx, &Run{Servers: Servers{RedisAddr: addr}}, []string{"settle"}, res); err != nil {
+	if err := rn.settleGate(ctx, &Run{Servers: Servers{RedisAddr: addr}}, nil, []string{"settle"}, res); err != nil {
 		t.Fatal(err)
 	}
 	if res.UndersoldSettled == nil || *res.UndersoldSettled != 0 || res.SettledMS == nil {

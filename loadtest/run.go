@@ -405,6 +405,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 
 	var leases []LeaseRecord
 	var writes []WriteRecord
+	var stopped *Fleet // the lab's replicas, stopped for the check
 	if run.Fleet != nil {
 		m, err := Scrape(ctx, run.Fleet.URLs())
 		if err != nil {
@@ -419,6 +420,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		res.PeakRSSMB, res.ReplicaPeakRSSMB = run.Fleet.PeakRSS()
 		// Stop before checking: a request still inside a replica could
 		// otherwise commit after the check.
+		stopped = run.Fleet
 		rn.stopFleet(ctx, run, res)
 		leases, writes, err = ReadRecords(res.ReplicaLogs)
 		if err != nil {
@@ -483,7 +485,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	res.Oversold, res.LostUpdates, res.LostAcks, res.Duplicates = inv.Oversold, inv.LostUpdates, inv.LostAcks, inv.Duplicates
 	res.Undersold = inv.Undersold
 	if spec.Gate != "" && inv.Undersold > 0 {
-		if err := rn.settleGate(ctx, run, soldOut(atk.Answers), res); err != nil {
+		if err := rn.settleGate(ctx, run, stopped, soldOut(atk.Answers), res); err != nil {
 			res.Notes = append(res.Notes, "the gate's back-check was not watched: "+err.Error())
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/oversold-lab/oversold/loadtest"
@@ -20,6 +21,10 @@ import (
 // answer. Nothing is retried: the killed orders get no answer, and nothing
 // acknowledged may be lost. The killed replica is started again, so the
 // load goes on with every replica.
+//
+// Under lock none the replica dies inside its flow before the write: with
+// the stock gate, between its take and its commit, so the gate withholds
+// the take until a back-check gives it back.
 func KillHolder() loadtest.Fault {
 	f := drivenFault(func(ctx context.Context, run *loadtest.Run, d *driver, r, next *loadtest.Replica) error {
 		c, first, _ := d.enterBatch(ctx, r, atBeforeWrite, "killed")
@@ -32,11 +37,22 @@ func KillHolder() loadtest.Fault {
 		if err != nil {
 			return fmt.Errorf("kill %s: %w", r.Name, err)
 		}
-		run.Fired("%s killed (SIGKILL) holding the lock", c)
+		switch {
+		case run.Spec.Backend != "none":
+			run.Fired("%s killed (SIGKILL) holding the lock", c)
+		case run.Spec.Gate != "":
+			run.Fired("%s killed (SIGKILL) between its gate take and its write", c)
+		default:
+			run.Fired("%s killed (SIGKILL) before its write", c)
+		}
 		second := d.send(ctx, next, "after-kill")
 		if p := d.wait(ctx, second, leaseLife(run)+2*lockWait); p.status == http.StatusCreated {
 			run.Recovered(time.Since(t0))
-			run.Eventf("%s took the dead holder's lock and placed its order %s after the kill", next.Name, since(t0))
+			if run.Spec.Backend == "none" {
+				run.Eventf("%s placed its order %s after the kill", next.Name, since(t0))
+			} else {
+				run.Eventf("%s took the dead holder's lock and placed its order %s after the kill", next.Name, since(t0))
+			}
 		}
 		d.wait(ctx, first, lockWait)
 		if err := r.Start(ctx); err != nil {
@@ -45,7 +61,7 @@ func KillHolder() loadtest.Fault {
 		run.Eventf("%s started again, ready %s after the kill", r.Name, since(t0))
 		return nil
 	})
-	f.Backends = leaseBackends
+	f.Backends = append(slices.Clone(leaseBackends), "none")
 	return f
 }
 
