@@ -44,6 +44,8 @@ results:
 LABS := $(or $(TMPDIR),/tmp)/oversold-results
 FAULTS := --fault pause-holder,delayed-write,kill-holder,redis-restart,redis-failover,redlock-node-restart \
 	--repeat 5 --lock-ttl 1s --stock 20 --requests 60 --rate 200 --workers 16 --replicas 3
+GATE_FAULTS := --fault redis-restart,redis-failover,kill-holder,crash-after-commit --backends none --gates redis \
+	--stock 20 --requests 60 --rate 200 --workers 16 --replicas 3
 results-labs: deps
 	$(GO) run ./cmd/lab --out $(LABS)/default
 	$(GO) run ./cmd/lab --out $(LABS)/sweep --sweep --backends none,redis,redlock,zookeeper,mysql,etcd \
@@ -53,11 +55,12 @@ results-labs: deps
 		--replicas 3 --skus 1 --repeat 3
 	$(GO) run ./cmd/lab --out $(LABS)/gate-sellout --backends none --guards atomic --gates none,redis \
 		--stock 100 --requests 10000 --rate 100000 --replicas 3 --skus 1
-	$(GO) run ./cmd/lab --out $(LABS)/gate-faults --fault redis-restart --backends none --guards none,atomic --gates redis --repeat 3
+	$(GO) run ./cmd/lab --out $(LABS)/gate-faults $(GATE_FAULTS) --guards atomic --repeat 20
+	$(GO) run ./cmd/lab --out $(LABS)/gate-faults-trusting $(GATE_FAULTS) --guards none --repeat 5
 	$(GO) run ./cmd/results -import default=$(LABS)/default
 	$(GO) run ./cmd/results -import sweep=$(LABS)/sweep
 	$(GO) run ./cmd/results -import faults=$(LABS)/faults
-	$(GO) run ./cmd/results -import gate=$(LABS)/gate-sweep,$(LABS)/gate-sellout,$(LABS)/gate-faults
+	$(GO) run ./cmd/results -import gate=$(LABS)/gate-sweep,$(LABS)/gate-sellout,$(LABS)/gate-faults,$(LABS)/gate-faults-trusting
 
 vet:
 	$(GO) vet ./...
