@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -52,12 +51,11 @@ WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)`
 // first grabs of a new key); nothing was done, the key is someone's.
 const erDeadlock = 1213
 
-// rows is the recipe's Table: one InnoDB row per key ever locked.
+// rows is the recipe's Table: one InnoDB row per key ever locked. The
+// Locker calls Prepare and Close under its prepMu.
 type rows struct {
-	db  *sql.DB
-	ttl time.Duration
-
-	mu               sync.Mutex
+	db               *sql.DB
+	ttl              time.Duration
 	try, renew, free *sql.Stmt // prepared once: one round trip each
 }
 
@@ -73,11 +71,9 @@ func (r *rows) Prepare(ctx context.Context) error {
 		}
 		return st
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.try, r.renew, r.free = prep(tryRow), prep(renewRow), prep(freeRow)
 	if err != nil {
-		r.closeLocked()
+		r.Close()
 	}
 	return err
 }
@@ -104,18 +100,12 @@ func (r *rows) Free(ctx context.Context, key, owner string) error {
 }
 
 func (r *rows) Close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.closeLocked()
-	return nil
-}
-
-func (r *rows) closeLocked() {
 	for _, st := range []*sql.Stmt{r.try, r.renew, r.free} {
 		if st != nil {
 			st.Close()
 		}
 	}
+	return nil
 }
 
 // RowsOrNotHeld maps an UPDATE or DELETE that matched no row to
