@@ -5,6 +5,7 @@ package backends
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -14,6 +15,9 @@ import (
 	"github.com/oversold-lab/oversold/locking/etcdlock"
 	"github.com/oversold-lab/oversold/locking/local"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
+	"github.com/oversold-lab/oversold/locking/mysqllock/memtable"
+	"github.com/oversold-lab/oversold/locking/mysqllock/namedqueue"
+	"github.com/oversold-lab/oversold/locking/mysqllock/serverguard"
 	"github.com/oversold-lab/oversold/locking/redislock"
 	"github.com/oversold-lab/oversold/locking/redlock"
 	"github.com/oversold-lab/oversold/locking/zklock"
@@ -148,12 +152,24 @@ func openRedlock(ctx context.Context, cfg Config) (locking.Locker, error) {
 func openMySQL(ctx context.Context, cfg Config) (locking.Locker, error) {
 	// Its own pool: sized for the lock, its statements kept out of
 	// the binary log, the topology checked.
-	db, err := mysqllock.OpenDB(ctx, cfg.MySQLDSN)
+	db, err := serverguard.OpenDB(ctx, cfg.MySQLDSN)
 	if err != nil {
 		return nil, fmt.Errorf("mysql lock: %w", err)
 	}
-	l := mysqllock.New(db, mysqllock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+	l := NewMySQL(db, mysqllock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
 	return owned{Locker: l, closers: []func() error{db.Close}}, nil
+}
+
+// NewMySQL composes the mysql lock on db (a pool from serverguard.OpenDB)
+// as Open does: the recipe, its leases in memtable's MEMORY table, its
+// waiters woken by namedqueue. cfg's Table and Line are replaced.
+func NewMySQL(db *sql.DB, cfg mysqllock.Config) *mysqllock.Locker {
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultTTL
+	}
+	table := memtable.New(db, cfg.TTL)
+	cfg.Table, cfg.Line = table, namedqueue.New(table, cfg.MinPoll, cfg.MaxPoll)
+	return mysqllock.New(db, cfg)
 }
 
 // openZooKeeper opens the ZooKeeper lock.

@@ -1,4 +1,4 @@
-package mysqllock_test
+package namedqueue_test
 
 import (
 	"context"
@@ -10,7 +10,10 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
+	"github.com/oversold-lab/oversold/locking/mysqllock/memtable"
+	"github.com/oversold-lab/oversold/locking/mysqllock/namedqueue"
 )
 
 // What an Acquire whose ctx ends leaves behind when a grab is under way:
@@ -110,7 +113,11 @@ func TestCancelledWaiterSendsNoGrab(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	const ttl = 30 * time.Second
-	holder, waiter := lockerWithTTL(t, dsn, ttl), lockerWithTTL(t, dsn, ttl)
+	holder := lockerWithTTL(t, dsn, ttl)
+	table := memtable.New(openDB(t, dsn), ttl)
+	line := namedqueue.New(table, 0, 0)
+	waiter := mysqllock.New(table.DB(), mysqllock.Config{TTL: ttl, Table: table, Line: line})
+	t.Cleanup(func() { waiter.Close() })
 	// The waiter learns the epoch first: a grab with none would fail on
 	// the server without a grant, mutant or not.
 	warm, err := waiter.Acquire(ctx, "warm")
@@ -123,7 +130,7 @@ func TestCancelledWaiterSendsNoGrab(t *testing.T) {
 	waitCtx, giveUp := context.WithCancel(ctx)
 	defer giveUp()
 	var woken atomic.Int32
-	mysqllock.BeforeGrab(waiter, func(first bool) {
+	namedqueue.BeforeGrab(line, func(first bool) {
 		if !first { // the grab after its wait in line
 			woken.Add(1)
 			giveUp()
@@ -174,11 +181,22 @@ WHERE DB = DATABASE() AND INFO LIKE 'SELECT GET_LOCK%' AND STATE = 'User lock'`)
 	}
 }
 
+// queued tells whether the holder of lease took the key's named lock (its
+// row's owner prefix): a grant without it barged past the queue.
+func queued(t *testing.T, db *sql.DB, lease locking.Lease) (q bool) {
+	t.Helper()
+	if err := db.QueryRowContext(t.Context(), `SELECT owner LIKE 'q%' FROM oversold_leases
+WHERE lock_key = ? AND expires_at >= UTC_TIMESTAMP(6)`, lease.Key()).Scan(&q); err != nil {
+		t.Error(err) // not Fatal: contenders call it from their goroutines
+	}
+	return q
+}
+
 // lockerWithTTL opens a Locker of ttl on a pool of its own, both closed
 // when the test ends.
 func lockerWithTTL(t *testing.T, dsn string, ttl time.Duration) *mysqllock.Locker {
 	t.Helper()
-	l := mysqllock.New(openDB(t, dsn), mysqllock.Config{TTL: ttl})
+	l := backends.NewMySQL(openDB(t, dsn), mysqllock.Config{TTL: ttl})
 	t.Cleanup(func() { l.Close() })
 	return l
 }

@@ -1,4 +1,4 @@
-package mysqllock_test
+package serverguard_test
 
 import (
 	"context"
@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
+	"github.com/oversold-lab/oversold/locking/mysqllock/serverguard"
 )
 
 // A server that may lose a commit in a crash is refused, by OpenDB and by
@@ -23,12 +25,12 @@ func TestUndurableServerRefused(t *testing.T) {
 	admin, dsn := durableServer(t)
 	accepted := func(when string) {
 		t.Helper()
-		db, err := mysqllock.OpenDB(ctx, dsn)
+		db, err := serverguard.OpenDB(ctx, dsn)
 		if err != nil {
 			t.Fatalf("OpenDB %s: %v", when, err)
 		}
 		defer db.Close()
-		l := mysqllock.New(db, mysqllock.Config{TTL: 3 * time.Second})
+		l := backends.NewMySQL(db, mysqllock.Config{TTL: 3 * time.Second})
 		defer l.Close()
 		lease, err := l.Acquire(ctx, "sku/durable")
 		if err != nil {
@@ -39,7 +41,7 @@ func TestUndurableServerRefused(t *testing.T) {
 		}
 	}
 	accepted("with durable commits")
-	db, err := mysqllock.OpenDB(ctx, dsn) // opened while the server is durable
+	db, err := serverguard.OpenDB(ctx, dsn) // opened while the server is durable
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,10 +52,10 @@ func TestUndurableServerRefused(t *testing.T) {
 		{"sync_binlog = 0", "sync_binlog = 1", "sync_binlog=1"},
 	} {
 		mustExec(t, admin, "SET GLOBAL "+c.set)
-		if _, err := mysqllock.OpenDB(ctx, dsn); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := serverguard.OpenDB(ctx, dsn); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("OpenDB with %s: %v, want a refusal naming %s", c.set, err, c.want)
 		}
-		l := mysqllock.New(db, mysqllock.Config{TTL: 3 * time.Second})
+		l := backends.NewMySQL(db, mysqllock.Config{TTL: 3 * time.Second})
 		if lease, err := l.Acquire(ctx, "sku/durable"); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("a Locker's first Acquire with %s: %v, want a refusal naming %s", c.set, err, c.want)
 			if err == nil {
@@ -75,12 +77,12 @@ func TestDurabilityCheckedAtEachBoot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	admin, dsn := durableServer(t)
-	db, err := mysqllock.OpenDB(ctx, dsn)
+	db, err := serverguard.OpenDB(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	l := mysqllock.New(db, mysqllock.Config{TTL: 3 * time.Second})
+	l := backends.NewMySQL(db, mysqllock.Config{TTL: 3 * time.Second})
 	defer l.Close()
 	lease, err := l.Acquire(ctx, "sku/boot")
 	if err != nil {

@@ -1,4 +1,10 @@
-package mysqllock
+// Package serverguard refuses MySQL servers the mysql lock cannot keep
+// its promises on, and opens its pool: Galera and Group Replication (no
+// exclusion on MEMORY tables), a server that may lose a commit in a crash
+// (the token's epoch would repeat), and a pool whose statements would
+// reach the binary log (a replica's restart would stop replication).
+// Reasoning: docs/locks/mysql.md.
+package serverguard
 
 import (
 	"context"
@@ -67,7 +73,7 @@ func OpenDB(ctx context.Context, dsn string) (*sql.DB, error) {
 			return nil, err
 		}
 	}
-	if err := checkServer(ctx, db); err != nil {
+	if err := CheckServer(ctx, db); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -98,10 +104,10 @@ func openPool(ctx context.Context, cfg *mysql.Config) (*sql.DB, error) {
 	return db, nil
 }
 
-// checkServer refuses a topology the lock cannot keep exclusion on, a
+// CheckServer refuses a topology the lock cannot keep exclusion on, a
 // server that may lose a commit in a crash, and a pool whose statements
 // would reach the binary log.
-func checkServer(ctx context.Context, db *sql.DB) error {
+func CheckServer(ctx context.Context, db *sql.DB) error {
 	rows, err := db.QueryContext(ctx, `SHOW GLOBAL VARIABLES
 WHERE Variable_name IN ('wsrep_on', 'group_replication_group_name',
 	'innodb_flush_log_at_trx_commit', 'log_bin', 'sync_binlog')`)
@@ -124,17 +130,17 @@ WHERE Variable_name IN ('wsrep_on', 'group_replication_group_name',
 	if err := db.QueryRowContext(ctx, `SELECT @@GLOBAL.log_bin AND @@SESSION.sql_log_bin`).Scan(&logs); err != nil {
 		return err
 	}
-	return checkSettings(vars, logs)
+	return CheckSettings(vars, logs)
 }
 
-// checkSettings is checkServer's decision, from the server's global
+// CheckSettings is CheckServer's decision, from the server's global
 // variables (SHOW GLOBAL VARIABLES: wsrep_on and
 // group_replication_group_name, absent when not there;
 // innodb_flush_log_at_trx_commit, log_bin, sync_binlog) and whether the
 // pool's statements are logged.
 //
 // Tokens keep growing across restarts only if the epoch bump survives a
-// crash (package doc, Token): a lost bump is made again with the same
+// crash (docs/locks/mysql.md, "Token"): a lost bump is made again with the same
 // number, and the lost run's tokens are handed out a second time, below
 // fences written meanwhile (409s until seq passes them) or equal to
 // them. So commits must be flushed: innodb_flush_log_at_trx_commit 1 (the
@@ -143,7 +149,7 @@ WHERE Variable_name IN ('wsrep_on', 'group_replication_group_name',
 // from the binlog (it does not flush InnoDB's commit record), and MySQL
 // rolls back a prepared transaction its binlog lacks: sync_binlog must be
 // 1 (MySQL 8's default, not MariaDB's).
-func checkSettings(vars map[string]string, logs bool) error {
+func CheckSettings(vars map[string]string, logs bool) error {
 	flush := vars["innodb_flush_log_at_trx_commit"]
 	switch {
 	case vars["wsrep_on"] == "ON":
@@ -160,15 +166,15 @@ func checkSettings(vars map[string]string, logs bool) error {
 			"so the lock's epoch could be lost and tokens repeat; set sync_binlog=1", vars["sync_binlog"])
 	case logs:
 		return errors.New("the binary log is on and the pool's statements are logged: the lock's MEMORY tables must stay out of it " +
-			"(a replica restart would stop replication); open the pool with mysqllock.OpenDB, or add sql_log_bin=0 to the DSN")
+			"(a replica restart would stop replication); open the pool with serverguard.OpenDB, or add sql_log_bin=0 to the DSN")
 	}
 	return nil
 }
 
-// logOn turns binary logging on for conn, if the pool turned it off, for a
+// LogOn turns binary logging on for conn, if the pool turned it off, for a
 // statement replicas must see (the tables' definitions, the durable epoch);
 // restore turns it off again, or discards conn if it cannot.
-func logOn(ctx context.Context, conn *sql.Conn) (restore func() error, err error) {
+func LogOn(ctx context.Context, conn *sql.Conn) (restore func() error, err error) {
 	var on bool
 	if err := conn.QueryRowContext(ctx, `SELECT @@SESSION.sql_log_bin`).Scan(&on); err != nil {
 		return nil, err

@@ -1,10 +1,10 @@
-package mysqllock_test
+package serverguard_test
 
 import (
 	"strings"
 	"testing"
 
-	"github.com/oversold-lab/oversold/locking/mysqllock"
+	"github.com/oversold-lab/oversold/locking/mysqllock/serverguard"
 )
 
 // Galera and Group Replication are refused with one error naming them:
@@ -35,7 +35,7 @@ func TestUnsupportedSettings(t *testing.T) {
 		{"binlog on, not synced", durable(map[string]string{"log_bin": "ON", "sync_binlog": "0"}), false, "sync_binlog=1"},
 		{"binlog on, synced every 100", durable(map[string]string{"log_bin": "ON", "sync_binlog": "100"}), false, "sync_binlog=1"},
 	} {
-		err := mysqllock.CheckSettings(c.vars, c.logs)
+		err := serverguard.CheckSettings(c.vars, c.logs)
 		switch {
 		case c.want == "" && err != nil:
 			t.Errorf("%s: refused: %v", c.name, err)

@@ -1,4 +1,4 @@
-package mysqllock_test
+package memtable_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
 )
 
@@ -29,7 +30,7 @@ func TestUncontendedTurnCosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ldb.Close()
-	l := mysqllock.New(ldb, mysqllock.Config{TTL: time.Minute})
+	l := backends.NewMySQL(ldb, mysqllock.Config{TTL: time.Minute})
 	defer l.Close()
 	turn := func(key string) {
 		lease, err := l.Acquire(ctx, key)

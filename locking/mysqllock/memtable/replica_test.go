@@ -1,4 +1,4 @@
-package mysqllock_test
+package memtable_test
 
 import (
 	"context"
@@ -11,8 +11,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
+	"github.com/oversold-lab/oversold/locking/mysqllock/serverguard"
 )
 
 // A primary with a GTID replica. The lease and boot tables are MEMORY
@@ -66,7 +68,7 @@ func TestReplicaRestartAndFailover(t *testing.T) {
 	const ttl = 2 * time.Second
 	// A pool whose statements reach the binlog is refused at the first
 	// Acquire; OpenDB needs the privilege to keep them out, and says so.
-	plain := mysqllock.New(openDB(t, primary.DSN("locks")), mysqllock.Config{TTL: ttl})
+	plain := backends.NewMySQL(openDB(t, primary.DSN("locks")), mysqllock.Config{TTL: ttl})
 	if _, err := plain.Acquire(ctx, "sku/plain"); err == nil || !strings.Contains(err.Error(), "sql_log_bin=0") {
 		t.Errorf("Acquire on a pool that logs: %v, want a refusal naming sql_log_bin=0", err)
 	}
@@ -75,21 +77,21 @@ func TestReplicaRestartAndFailover(t *testing.T) {
 	mustExec(t, pdb, "GRANT ALL ON locks.* TO 'locker'@'127.0.0.1'")
 	userCfg := cfg.Clone()
 	userCfg.User, userCfg.DBName = "locker", "locks"
-	if _, err := mysqllock.OpenDB(ctx, userCfg.FormatDSN()); err == nil || !strings.Contains(err.Error(), "BINLOG ADMIN") {
+	if _, err := serverguard.OpenDB(ctx, userCfg.FormatDSN()); err == nil || !strings.Contains(err.Error(), "BINLOG ADMIN") {
 		t.Errorf("OpenDB for a user who may not set sql_log_bin: %v, want an error naming BINLOG ADMIN", err)
 	}
 	mustExec(t, pdb, "GRANT BINLOG ADMIN ON *.* TO 'locker'@'127.0.0.1'")
-	if db, err := mysqllock.OpenDB(ctx, userCfg.FormatDSN()); err != nil {
+	if db, err := serverguard.OpenDB(ctx, userCfg.FormatDSN()); err != nil {
 		t.Errorf("OpenDB with BINLOG ADMIN: %v", err)
 	} else {
 		db.Close()
 	}
 	locker := func(dsn string) *mysqllock.Locker {
-		db, err := mysqllock.OpenDB(ctx, dsn)
+		db, err := serverguard.OpenDB(ctx, dsn)
 		if err != nil {
 			t.Fatal(err)
 		}
-		l := mysqllock.New(db, mysqllock.Config{TTL: ttl})
+		l := backends.NewMySQL(db, mysqllock.Config{TTL: ttl})
 		t.Cleanup(func() {
 			l.Close()
 			db.Close()
@@ -215,21 +217,4 @@ func replicaStatus(t *testing.T, db *sql.DB) string {
 		}
 	}
 	return strings.Join(out, " | ")
-}
-
-func openDB(t *testing.T, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
-func mustExec(t *testing.T, db *sql.DB, q string) {
-	t.Helper()
-	if _, err := db.ExecContext(t.Context(), q); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
 }

@@ -1,4 +1,4 @@
-package mysqllock_test
+package namedqueue_test
 
 import (
 	"context"
@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
+	"github.com/oversold-lab/oversold/locking/mysqllock/namedqueue"
 )
 
 // newLocker opens a Locker with its own pool, polling every poll: tests set
@@ -21,7 +23,7 @@ func newLocker(t *testing.T, dsn string, poll time.Duration) *mysqllock.Locker {
 		t.Fatal(err)
 	}
 	db.SetMaxOpenConns(32)
-	l := mysqllock.New(db, mysqllock.Config{TTL: 10 * time.Second, MinPoll: poll, MaxPoll: poll})
+	l := backends.NewMySQL(db, mysqllock.Config{TTL: 10 * time.Second, MinPoll: poll, MaxPoll: poll})
 	t.Cleanup(func() {
 		l.Close()
 		db.Close()
@@ -113,7 +115,7 @@ func TestStaleNamedLockDoesNotBlock(t *testing.T) {
 	}
 	defer conn.Close()
 	var got int
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", mysqllock.QueueName("sku/stale")).Scan(&got); err != nil || got != 1 {
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", namedqueue.QueueName("sku/stale")).Scan(&got); err != nil || got != 1 {
 		t.Fatalf("GET_LOCK = %d, %v", got, err)
 	}
 	l := newLocker(t, dsn, 100*time.Millisecond)
@@ -132,7 +134,7 @@ func TestStaleNamedLockDoesNotBlock(t *testing.T) {
 	}
 	// And the stale named lock stays where it was: nobody released it for us.
 	var holder sql.NullInt64
-	if err := conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?) = CONNECTION_ID()", mysqllock.QueueName("sku/stale")).Scan(&holder); err != nil || holder.Int64 != 1 {
+	if err := conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?) = CONNECTION_ID()", namedqueue.QueueName("sku/stale")).Scan(&holder); err != nil || holder.Int64 != 1 {
 		t.Errorf("the stale named lock changed hands: %v, %v", holder, err)
 	}
 }
@@ -208,7 +210,7 @@ func TestHotKeyDoesNotBarge(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lockers[i] = mysqllock.New(db, mysqllock.Config{}) // the default polls, as orderd's
+		lockers[i] = backends.NewMySQL(db, mysqllock.Config{}) // the default polls, as orderd's
 		t.Cleanup(func() {
 			lockers[i].Close()
 			db.Close()
@@ -216,6 +218,7 @@ func TestHotKeyDoesNotBarge(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
+	op := openDB(t, dsn)
 	var grants, barged atomic.Int64
 	stop := time.Now().Add(2 * time.Second)
 	gate := make(chan struct{})
@@ -230,7 +233,7 @@ func TestHotKeyDoesNotBarge(t *testing.T) {
 					return
 				}
 				grants.Add(1)
-				if !mysqllock.Queued(lease) {
+				if !queued(t, op, lease) {
 					barged.Add(1)
 				}
 				time.Sleep(100 * time.Microsecond)

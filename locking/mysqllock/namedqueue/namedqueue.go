@@ -1,4 +1,29 @@
-package mysqllock
+// Package namedqueue wakes the mysql lock's waiters at once: a
+// mysqllock.Line where waiters block in GET_LOCK on a name derived from the
+// key, held by the lease holder and given up in the statement that deletes
+// its row, instead of leaving the key idle until somebody's next poll.
+//
+// The named lock is only a wake-up: the row alone decides who holds the
+// key (memtable), so mutual exclusion, tokens, renewal and Lost do not
+// depend on it. A holder takes the named lock with its grab (one
+// statement, when both are free) and gives it up with its row; a waiter
+// that wins the named lock grabs the row. A waiter that finds the row free
+// while someone holds the named lock (the waiter it just went to, about to
+// grab) waits in line too; it grabs without the named lock only when one
+// connection has held it, the row free, for max(2 MaxPoll, TTL/10): a
+// holder paused past its lease, still connected. Whatever else goes wrong
+// with the named lock (a connection killed, no queue connection to spare)
+// costs a wait bounded by the row's lease, or falls back to polling; the
+// owner column says whether its holder holds the named lock ("q" prefix),
+// so waiters block only behind a holder that will wake them.
+//
+// A named lock belongs to a connection, so a queued Acquire takes one
+// connection out of the pool (a queue connection) and keeps it with the
+// lease until Release; at most maxQueueConns are out at once, so that
+// renewals always find a pooled connection. What it buys: on a hot key
+// every grant goes to a woken waiter (TestHotKeyDoesNotBarge), and an
+// uncontended turn costs two statements, as GET_LOCK and RELEASE_LOCK do.
+package namedqueue
 
 import (
 	"context"
@@ -9,30 +34,6 @@ import (
 	"errors"
 	"time"
 )
-
-// The wait queue: waiters block in GET_LOCK on a name derived from the key
-// (a named lock held by the lease holder), so a release wakes the next one
-// at once instead of leaving the key idle until somebody's next poll.
-//
-// The named lock is only a wake-up: the row alone decides who holds the
-// key, exactly as without the queue, so mutual exclusion, tokens, renewal
-// and Lost do not depend on it. A holder takes the named lock with its
-// grab (one statement, when both are free) and gives it up in the
-// statement that deletes its row; a waiter that wins the named lock grabs
-// the row. A waiter that finds the row free while someone holds the named
-// lock (the waiter it just went to, about to grab) waits in line too; it
-// grabs without the named lock only when one connection has held it, the
-// row free, for max(2 MaxPoll, TTL/10) (staleName): a holder paused past
-// its lease, still connected. Whatever else goes wrong with the named lock
-// (a connection killed, no queue connection to spare) costs a wait bounded
-// by the row's lease, or falls back to polling; the owner column says
-// whether its holder holds the named lock ("q" prefix), so waiters block
-// only behind a holder that will wake them and poll behind any other.
-//
-// A named lock belongs to a connection, so a queued Acquire takes one
-// connection out of the pool for itself (a queue connection), and keeps it
-// with the lease until Release. At most maxQueueConns are out at once, so
-// that renewals always find a pooled connection; Acquires beyond that poll.
 
 // maxQueueConns bounds the connections out of the pool for the queue; the
 // rest of the pool serves grabs, reads and renewals. backends.Open sizes
@@ -55,7 +56,7 @@ type queueConn struct {
 	grab, get, rel, free *sql.Stmt
 }
 
-// freeQueued is free (mysqllock.go) that also releases the named lock,
+// freeQueued is memtable's free that also releases the named lock,
 // after the row is matched and before it is deleted: the waiter it wakes
 // sends its grab at once, which waits for the MEMORY table's lock until
 // this statement ends and then finds the row gone. RELEASE_ALL_LOCKS
@@ -69,7 +70,7 @@ const freeQueued = `DELETE FROM oversold_leases
 WHERE lock_key = ? AND owner = ? AND expires_at >= UTC_TIMESTAMP(6)
 	AND COALESCE(RELEASE_ALL_LOCKS(), 0) >= 0`
 
-// grabQueued is grab (mysqllock.go) on a queue connection that also takes
+// grabQueued is memtable's grab on a queue connection that also takes
 // the key's named lock, in the first grab of an Acquire: one statement
 // where an uncontended key would cost two. The epoch and grace, which the
 // boot row (a const table) decides, are tested before GET_LOCK, so a
@@ -80,17 +81,17 @@ const grabQueued = `INSERT INTO oversold_leases (lock_key, epoch, owner, expires
 SELECT ?, epoch, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND FROM oversold_lock_boot
 WHERE id = 1 AND epoch = ? AND epoch > 0 AND grace_until <= UTC_TIMESTAMP(6) AND GET_LOCK(?, 0) = 1`
 
-// queueName is the named lock of key: GET_LOCK names are at most 64
+// QueueName is the named lock of key: GET_LOCK names are at most 64
 // characters, keys up to 255 bytes, so the name carries a hash. A
 // collision only shares a queue, which costs waits, never exclusion.
-func queueName(key string) string {
+func QueueName(key string) string {
 	h := sha256.Sum256([]byte(key))
 	return "oversold_locks/" + hex.EncodeToString(h[:16])
 }
 
 // takeQueueConn returns a queue connection, or nil when maxQueueConns are
 // out (the caller polls instead).
-func (l *Locker) takeQueueConn(ctx context.Context) (*queueConn, error) {
+func (l *Queue) takeQueueConn(ctx context.Context) (*queueConn, error) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -119,10 +120,10 @@ func (l *Locker) takeQueueConn(ctx context.Context) (*queueConn, error) {
 	return qc, nil
 }
 
-func (l *Locker) openQueueConn(ctx context.Context) (*queueConn, error) {
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/3)
+func (l *Queue) openQueueConn(ctx context.Context) (*queueConn, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.table.TTL()/3)
 	defer cancel()
-	conn, err := l.db.Conn(ctx)
+	conn, err := l.table.DB().Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +146,7 @@ func (l *Locker) openQueueConn(ctx context.Context) (*queueConn, error) {
 
 // putQueueConn gives qc back: kept for reuse if clean (it holds no named
 // lock), else closed, which frees whatever it holds on the server.
-func (l *Locker) putQueueConn(qc *queueConn, clean bool) {
+func (l *Queue) putQueueConn(qc *queueConn, clean bool) {
 	if qc == nil {
 		return
 	}
@@ -162,7 +163,7 @@ func (l *Locker) putQueueConn(qc *queueConn, clean bool) {
 }
 
 // closeIdleQueue closes the idle queue connections (Close).
-func (l *Locker) closeIdleQueue() {
+func (l *Queue) closeIdleQueue() {
 	l.mu.Lock()
 	idle := l.idleQueue
 	l.idleQueue = nil

@@ -1,4 +1,4 @@
-package mysqllock_test
+package namedqueue_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
-	"github.com/oversold-lab/oversold/locking/mysqllock"
+	"github.com/oversold-lab/oversold/locking/mysqllock/namedqueue"
 )
 
 // A holder whose queue connection died while it held the key (a KILL by an
@@ -25,12 +25,12 @@ func TestReleaseAfterQueueConnectionKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !mysqllock.Queued(lease) {
+	if !queued(t, openDB(t, dsn), lease) {
 		t.Fatal("the first grant of a free key did not take the named lock: no queue connection to kill")
 	}
 	op := openDB(t, dsn)
 	var id sql.NullInt64
-	if err := op.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", mysqllock.QueueName("sku/killed")).Scan(&id); err != nil || !id.Valid {
+	if err := op.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", namedqueue.QueueName("sku/killed")).Scan(&id); err != nil || !id.Valid {
 		t.Fatalf("the named lock's connection: %v, %v", id, err)
 	}
 	if _, err := op.ExecContext(ctx, "KILL CONNECTION ?", id.Int64); err != nil {

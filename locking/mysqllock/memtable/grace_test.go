@@ -1,4 +1,4 @@
-package mysqllock_test
+package memtable_test
 
 import (
 	"context"
