@@ -260,3 +260,42 @@ func noLeaks(t *testing.T) {
 			goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
 	})
 }
+
+// An attempt that wins only a minority is undone: with another owner's key
+// on nodes 0 and 1, every attempt sets ours on node 2 alone, and the wait
+// that ctx ends must leave nothing there (without the undo, node 2 kept the
+// key for a TTL).
+func TestMinorityUndone(t *testing.T) {
+	addrs := testbed.Redises(t, 3)
+	admins := clients(t, addrs)
+	l := newLocker(t, addrs)
+	const key = "minority"
+	lock := "lock:{" + key + "}"
+	for _, c := range admins[:2] {
+		if err := c.Set(t.Context(), lock, "rival", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if lease, err := l.Acquire(ctx, key); !errors.Is(err, context.DeadlineExceeded) {
+		if err == nil {
+			lease.Release(t.Context())
+		}
+		t.Fatalf("Acquire with two nodes of three held by another owner = %v, want DeadlineExceeded", err)
+	}
+	// The undo goes on in the background: well within the TTL (5 s).
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n, err := admins[2].Exists(t.Context(), lock).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			pttl, _ := admins[2].PTTL(t.Context(), lock).Result()
+			t.Fatalf("node 2 keeps the key of an attempt that got no majority (PTTL %v)", pttl)
+		}
+	}
+}
