@@ -105,8 +105,8 @@ type wait struct {
 func (w *wait) Try(ctx context.Context, _ int, c redis.UniversalClient, owner string) redlock.Vote {
 	w.queued.Store(true)
 	n := w.names
-	return acquireVote(w.q.scripts.Acquire.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive},
-		owner, w.ttl, w.member, w.life, w.place, n.Wake, "keep", "", "", "t").Slice())
+	args := acquireArgs{owner: owner, ttl: w.ttl, member: w.member, life: w.life, place: w.place, wake: n.Wake}
+	return acquireVote(w.q.scripts.Acquire.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, args.argv()...).Slice())
 }
 
 // End deletes owner's key where it is still owner's; if last, takes the
@@ -117,15 +117,40 @@ func (w *wait) Try(ctx context.Context, _ int, c redis.UniversalClient, owner st
 // after this one.
 func (w *wait) End(ctx context.Context, _ int, c redis.UniversalClient, owner string, last, bury bool) redlock.Vote {
 	n := w.names
-	args := []any{owner, n.Wake, "", "0"}
+	args := releaseArgs{owner: owner, wake: n.Wake, bury: bury, ttl: w.ttl}
 	if last {
-		args[2], args[3] = w.member, "1"
+		args.member, args.wakeNext = w.member, true
 	}
-	if bury {
-		args = append(args, "", w.ttl, "t")
-	}
-	ok, err := w.q.scripts.Release.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, args...).Bool()
+	ok, err := w.q.scripts.Release.Run(ctx, c, []string{n.Lock, n.Queue, n.Alive}, args.argv()...).Bool()
 	return redlock.Vote{Yes: ok, Err: err}
+}
+
+// acquireArgs are the acquire script's arguments (waitq.Scripts): the
+// place chosen by the waiter, kept when granted ('keep': the release takes
+// it out), and 't': refused where a release buried the owner or member.
+type acquireArgs struct{ owner, ttl, member, life, place, wake string }
+
+func (a acquireArgs) argv() []any {
+	return []any{a.owner, a.ttl, a.member, a.life, a.place, a.wake, "keep", "", "", "t"}
+}
+
+// releaseArgs are the release script's arguments (waitq.Scripts): member
+// leaves the queue (” for none), wakeNext wakes the first waiter where the
+// lock is free, bury leaves tombstones of owner and member for ttl.
+type releaseArgs struct {
+	owner, wake, member, ttl string
+	wakeNext, bury           bool
+}
+
+func (a releaseArgs) argv() []any {
+	wake := "0"
+	if a.wakeNext {
+		wake = "1"
+	}
+	if !a.bury {
+		return []any{a.owner, a.wake, a.member, wake}
+	}
+	return []any{a.owner, a.wake, a.member, wake, "", a.ttl, "t"}
 }
 
 func (w *wait) Queued() bool { return w.queued.Load() }
