@@ -77,8 +77,8 @@ openapi-lint:
 
 test: deps vet openapi-lint
 	OVERSOLD_TESTBED=process OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -race -count=1 -timeout 30m ./...
-	# Handoff rates, which -race would distort (locking/redlock/quorum_test.go).
-	OVERSOLD_TESTBED=process OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -count=1 -run '^TestQuorum' -timeout 5m ./locking/redlock/
+	# Handoff rates, which -race would distort (locking/redlock/quorum/quorum_test.go).
+	OVERSOLD_TESTBED=process OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -count=1 -run '^TestQuorum' -timeout 5m ./locking/redlock/quorum/
 	# ZooKeeper's reaper offered 100 000 new keys a minute, which a -race
 	# client cannot offer (locking/zklock/reaper_test.go).
 	OVERSOLD_TESTBED=process OVERSOLD_REQUIRE_SERVERS=1 $(GO) test -count=1 -run '^TestReaperKeepsUp$$' -timeout 5m ./locking/zklock/

@@ -13,6 +13,7 @@ import (
 	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
+	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/redislock"
 	"github.com/oversold-lab/oversold/locking/redlock"
 )
@@ -62,7 +63,7 @@ func oursCounted(addrs []string, hook redis.Hook) impl {
 		if len(clients) == 1 {
 			l = redislock.New(clients[0], redislock.Config{TTL: ttl})
 		} else {
-			rl, err := redlock.New(clients, redlock.Config{TTL: ttl})
+			rl, err := backends.NewRedlock(clients, redlock.Config{TTL: ttl})
 			if err != nil {
 				closeAll()
 				return nil, err

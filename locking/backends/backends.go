@@ -20,6 +20,8 @@ import (
 	"github.com/oversold-lab/oversold/locking/mysqllock/serverguard"
 	"github.com/oversold-lab/oversold/locking/redislock"
 	"github.com/oversold-lab/oversold/locking/redlock"
+	"github.com/oversold-lab/oversold/locking/redlock/fairwake"
+	"github.com/oversold-lab/oversold/locking/redlock/quorum"
 	"github.com/oversold-lab/oversold/locking/zklock"
 
 	"github.com/redis/go-redis/v9"
@@ -124,7 +126,7 @@ func openRedlock(ctx context.Context, cfg Config) (locking.Locker, error) {
 		}
 		clients, closers = append(clients, c), append(closers, c.Close)
 	}
-	l, err := redlock.New(clients, redlock.Config{TTL: cfg.ttl(), NodeTimeout: cfg.RedlockNodeTimeout, OnRenewalFailed: cfg.OnRenewalFailed,
+	l, err := NewRedlock(clients, redlock.Config{TTL: cfg.ttl(), NodeTimeout: cfg.RedlockNodeTimeout, OnRenewalFailed: cfg.OnRenewalFailed,
 		MinBackoff: cfg.FallbackWait, MaxBackoff: cfg.FallbackWait})
 	if err != nil {
 		closeAll()
@@ -146,6 +148,14 @@ func openRedlock(ctx context.Context, cfg Config) (locking.Locker, error) {
 		}
 	}
 	return owned{Locker: l, closers: closers}, nil
+}
+
+// NewRedlock is the Redlock recipe as orderd runs it: it returns as soon as
+// a majority's answers settle a request (quorum), and its waiters queue on
+// every node and are woken by the release (fairwake).
+func NewRedlock(clients []redis.UniversalClient, cfg redlock.Config) (*redlock.Locker, error) {
+	cfg.Fanout, cfg.Queue = quorum.New(len(clients)), fairwake.New(clients)
+	return redlock.New(clients, cfg)
 }
 
 // openMySQL opens the MySQL lock on a pool of its own.

@@ -1,4 +1,4 @@
-package redlock_test
+package fairwake_test
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/redlock"
 )
 
@@ -28,8 +29,8 @@ func proxied(tb testing.TB, addrs []string) ([]string, testbed.Proxies) {
 	return paths, proxies
 }
 
-// proxiedLocker opens its clients as orderd does (ctx deadlines bound each
-// request).
+// proxiedLocker opens its clients and the Locker as orderd does (ctx
+// deadlines bound each request; quorum and fairwake).
 func proxiedLocker(tb testing.TB, addrs []string, cfg redlock.Config) *redlock.Locker {
 	var cs []redis.UniversalClient
 	for _, a := range addrs {
@@ -40,7 +41,7 @@ func proxiedLocker(tb testing.TB, addrs []string, cfg redlock.Config) *redlock.L
 		tb.Cleanup(func() { c.Close() })
 		cs = append(cs, c)
 	}
-	l, err := redlock.New(cs, cfg)
+	l, err := backends.NewRedlock(cs, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}

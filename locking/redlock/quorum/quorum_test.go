@@ -5,7 +5,7 @@
 // several times what it costs in a normal build, and the ratio measures
 // the detector. make test runs these without -race.
 
-package redlock_test
+package quorum_test
 
 import (
 	"context"
@@ -37,18 +37,17 @@ const quorumAttempts = 3
 // per second stay within 80% of the rate with every node healthy, measured
 // in the same run.
 func TestQuorumKeepsHandoffRate(t *testing.T) {
-	if ratio, kept := quorumKept(t, 4, 8); !kept {
+	if ratio, kept := quorumKept(t, 4, 8, false); !kept {
 		t.Errorf("with one node of three black-holed, at best %.2f of the handoffs/s with every node healthy in %d measurements, below %.2f: Redlock waits for the minority",
 			ratio, quorumAttempts, minQuorumRatio)
 	}
 }
 
-// The check above fails a Redlock that waits for every node (each request
-// then waits out the per-node timeout on the black-holed node), in every
-// measurement.
+// The check above fails a Redlock that waits for every node (the recipe's
+// own Fanout, without quorum: each request then waits out the per-node
+// timeout on the black-holed node), in every measurement.
 func TestQuorumCheckCatchesWaitingForAll(t *testing.T) {
-	redlock.WaitForAll(t)
-	if ratio, kept := quorumKept(t, 2, 1); kept { // each release waits a TTL: keep it short
+	if ratio, kept := quorumKept(t, 2, 1, true); kept { // each release waits a TTL: keep it short
 		t.Errorf("a Redlock that waits for every node kept %.2f of the handoffs/s with one node black-holed: the quorum check cannot fail", ratio)
 	}
 }
@@ -56,9 +55,10 @@ func TestQuorumCheckCatchesWaitingForAll(t *testing.T) {
 // quorumKept measures, up to quorumAttempts times, the hot-key handoff rate
 // with one node black-holed as a share of the rate with every node healthy
 // (the median of the per-round shares), and says whether one measurement
-// kept minQuorumRatio; ratio is the best share measured.
-func quorumKept(t *testing.T, n, rounds int) (ratio float64, kept bool) {
-	groups := quorumGroups(t, n)
+// kept minQuorumRatio; ratio is the best share measured. waitAll: without
+// quorum (see proxiedLocker).
+func quorumKept(t *testing.T, n, rounds int, waitAll bool) (ratio float64, kept bool) {
+	groups := quorumGroups(t, n, waitAll)
 	for attempt := 1; attempt <= quorumAttempts; attempt++ {
 		healthy, holed, share := handoffRates(t, groups, rounds)
 		t.Logf("measurement %d: hot-key handoffs/s: %.0f all healthy, %.0f with one node black-holed (median share of %d rounds %.2f)",
@@ -73,7 +73,7 @@ func quorumKept(t *testing.T, n, rounds int) (ratio float64, kept bool) {
 
 // quorumGroups makes two groups of n Lockers, each reaching the same three
 // servers through its own proxies, node 0 black-holed for group 1.
-func quorumGroups(t *testing.T, n int) [2][]*redlock.Locker {
+func quorumGroups(t *testing.T, n int, waitAll bool) [2][]*redlock.Locker {
 	addrs := testbed.Redises(t, 3)
 	// A per-node timeout well above the stalls of a loaded machine: a
 	// healthy node that misses it looks down.
@@ -87,7 +87,7 @@ func quorumGroups(t *testing.T, n int) [2][]*redlock.Locker {
 			}
 		}
 		for range n {
-			groups[g] = append(groups[g], proxiedLocker(t, paths, cfg))
+			groups[g] = append(groups[g], proxiedLocker(t, paths, cfg, waitAll))
 		}
 	}
 	for g, lockers := range groups { // dials and subscriptions, not counted
@@ -176,7 +176,7 @@ func TestQuorumHearsAFartherNode(t *testing.T) {
 	// here, 100 ms, is not): a node that misses it is marked slow, and the
 	// attempts after it stop waiting for that node past the majority's
 	// time, node 2 included, until it answers again.
-	l := proxiedLocker(t, paths, redlock.Config{TTL: 2 * time.Second, NodeTimeout: 500 * time.Millisecond})
+	l := proxiedLocker(t, paths, redlock.Config{TTL: 2 * time.Second, NodeTimeout: 500 * time.Millisecond}, false)
 	stray := redis.NewClient(&redis.Options{Addr: addrs[1]})
 	t.Cleanup(func() { stray.Close() })
 	var took []time.Duration
