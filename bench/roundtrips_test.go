@@ -14,6 +14,8 @@ import (
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/redislock"
+	"github.com/oversold-lab/oversold/locking/redislock/fairqueue"
+	"github.com/oversold-lab/oversold/locking/redislock/reclaim"
 	"github.com/oversold-lab/oversold/locking/redlock"
 )
 
@@ -60,7 +62,7 @@ func oursCounted(addrs []string, hook redis.Hook) impl {
 		}
 		var l locking.Locker
 		if len(clients) == 1 {
-			l = redislock.New(clients[0], redislock.Config{TTL: ttl})
+			l = redislock.New(clients[0], redislock.Config{TTL: ttl, Queue: reclaim.Wrap(fairqueue.New)})
 		} else {
 			rl, err := redlock.New(clients, redlock.Config{TTL: ttl})
 			if err != nil {
