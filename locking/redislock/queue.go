@@ -112,14 +112,17 @@ func (t *retryTurn) Try(ctx context.Context) (Reply, error) {
 	}
 	granted, _ := res[0].(int64)
 	n, _ := res[1].(int64)
-	if granted == 1 {
-		return Reply{Token: uint64(max(n, 0)), Sent: sent}, nil
+	switch {
+	case granted != 1:
+		r := Reply{Wait: time.Duration(n) * time.Millisecond}
+		if len(res) > 2 {
+			r.Holder, _ = res[2].(string)
+		}
+		return r, nil
+	case n <= 0:
+		return Reply{}, fmt.Errorf("%w: fence counter %s is %d, not positive", locking.ErrUnavailable, t.a.fence, n)
 	}
-	r := Reply{Wait: time.Duration(n) * time.Millisecond}
-	if len(res) > 2 {
-		r.Holder, _ = res[2].(string)
-	}
-	return r, nil
+	return Reply{Token: uint64(n), Sent: sent}, nil
 }
 
 func (t *retryTurn) Wait(ctx context.Context, attempt int, refused Reply) (Reply, error) {
