@@ -235,3 +235,66 @@ func newLocker(t *testing.T, addr string, cfg redislock.Config) *redislock.Locke
 	t.Cleanup(func() { l.Close(); c.Close() })
 	return l
 }
+
+// A try whose reply is lost after the SET ran (ctx ended while the reply
+// was on its way) leaves no key behind: Acquire deletes it, on a fresh
+// context, before it returns. The Locker reaches Redis through a proxy
+// that delays each direction by 300 ms, on connections made and scripts
+// loaded before, and its ctx ends 450 ms after the try was sent: after the
+// SET ran, before its reply came back.
+func TestLostReplyRemoved(t *testing.T) {
+	addr := testbed.Redis(t)
+	proxy, err := testbed.StartProxy("redis", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { admin.Close() })
+	// Connections made before the delay: a dial through it would cost the
+	// whole wait, and the cleanup's bound (a second).
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, PoolSize: 16})
+	conns := make([]*redis.Conn, 16)
+	for i := range conns {
+		conns[i] = c.Conn()
+		if err := conns[i].Ping(t.Context()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, conn := range conns {
+		conn.Close() // back to the pool
+	}
+	l := redislock.New(c, redislock.Config{TTL: time.Minute})
+	t.Cleanup(func() { l.Close(); c.Close() })
+	warm, err := l.Acquire(t.Context(), testbed.Prefix(t)+"-warm") // loads the scripts: EVALSHA then works at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := proxy.Latency(300 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 { // a try that did not reach Redis in time shows nothing: again
+		key := fmt.Sprintf("%s-%d", testbed.Prefix(t), i)
+		ctx, cancel := context.WithTimeout(t.Context(), 450*time.Millisecond)
+		lease, err := l.Acquire(ctx, key)
+		cancel()
+		if err == nil {
+			lease.Release(t.Context())
+			t.Fatal("Acquire returned a lease after its ctx ended")
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire: %v, want an error wrapping context.DeadlineExceeded", err)
+		}
+		if admin.Get(t.Context(), lockKey(key)+":fence").Val() == "" {
+			continue // the SET never ran
+		}
+		if n := admin.Exists(t.Context(), lockKey(key)).Val(); n != 0 {
+			t.Fatalf("the key of a try whose reply was lost is still there (PTTL %v)", admin.PTTL(t.Context(), lockKey(key)).Val())
+		}
+		return
+	}
+	t.Fatal("no try reached Redis within 450 ms through a 300 ms proxy: the harness cannot show a lost reply")
+}
