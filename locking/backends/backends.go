@@ -19,6 +19,8 @@ import (
 	"github.com/oversold-lab/oversold/locking/mysqllock/namedqueue"
 	"github.com/oversold-lab/oversold/locking/mysqllock/serverguard"
 	"github.com/oversold-lab/oversold/locking/redislock"
+	"github.com/oversold-lab/oversold/locking/redislock/fairqueue"
+	"github.com/oversold-lab/oversold/locking/redislock/reclaim"
 	"github.com/oversold-lab/oversold/locking/redlock"
 	"github.com/oversold-lab/oversold/locking/redlock/fairwake"
 	"github.com/oversold-lab/oversold/locking/redlock/quorum"
@@ -102,8 +104,10 @@ func openRedis(ctx context.Context, cfg Config) (locking.Locker, error) {
 		client.Close()
 		return nil, fmt.Errorf("redis lock: %w", err)
 	}
+	// The recipe with its hardening: a fair queue with direct handoff, and
+	// the re-release of a key a failover kept.
 	l := redislock.New(client, redislock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed,
-		MinBackoff: cfg.FallbackWait, MaxBackoff: cfg.FallbackWait})
+		MinBackoff: cfg.FallbackWait, MaxBackoff: cfg.FallbackWait, Queue: reclaim.Wrap(fairqueue.New)})
 	return owned{Locker: l, closers: []func() error{client.Close}}, nil
 }
 

@@ -10,12 +10,12 @@ const (
 	BarePexpire = "bare-pexpire" // renewal extends the key whoever owns it
 )
 
-// Break installs the broken variant named, if it is one of this package's.
-func Break(variant string) {
+// Break gives l the broken variant named, if it is one of this package's.
+func Break(l *Locker, variant string) {
 	switch variant {
 	case BareDel:
-		scripts.Release = redis.NewScript(`return redis.call('del', KEYS[1])`)
+		l.scripts.release = redis.NewScript(`return redis.call('del', KEYS[1])`)
 	case BarePexpire:
-		scripts.Renew = redis.NewScript(`return redis.call('pexpire', KEYS[1], ARGV[2])`)
+		l.scripts.renew = redis.NewScript(`return redis.call('pexpire', KEYS[1], ARGV[2])`)
 	}
 }

@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
@@ -25,17 +27,22 @@ type config struct {
 	FallbackWait time.Duration // 0: the default jittered fallback timer
 }
 
-// open is how the suite opens this backend, here and in its helper processes.
+// open is how the suite opens the recipe alone, here and in its helper
+// processes: no Queue but its own.
 func open(_ context.Context, c config) (locking.Locker, error) {
 	client, err := redisconn.Open(c.Addr)
 	if err != nil {
 		return nil, err
 	}
 	l := redislock.New(client, redislock.Config{TTL: c.TTL, MinBackoff: c.FallbackWait, MaxBackoff: c.FallbackWait})
+	redislock.Break(l, broken)
 	return locktest.Closing(l, client.Close), nil
 }
 
 func TestMain(m *testing.M) { locktest.Main(m, open) }
+
+// broken is the broken variant TestConformance runs, if any (TestSuiteTeeth).
+var broken string
 
 func lockKey(key string) string { return "lock:{" + key + "}" } // the default prefix
 
@@ -48,7 +55,7 @@ func takeOver(ctx context.Context, c redis.Cmdable, key string) (func(context.Co
 }
 
 func TestConformance(t *testing.T) {
-	redislock.Break(locktest.Broken())
+	broken = locktest.Broken()
 	addr := testbed.Redis(t)
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { admin.Close() })
@@ -61,23 +68,13 @@ func TestConformance(t *testing.T) {
 		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
 			return takeOver(ctx, admin, key)
 		},
-		QueueConfig: &config{Addr: addr, TTL: time.Minute, FallbackWait: 10 * time.Minute},
 		State: func(ctx context.Context) (string, error) {
 			n, err := admin.DBSize(ctx).Result()
 			return fmt.Sprintf("%d Redis keys (a fence counter per lock key ever used)", n), err
 		},
-		// The lock, and the queue entries and liveness of waiters.
 		Leftovers: func(ctx context.Context, key string) (int, error) {
 			n, err := admin.Exists(ctx, lockKey(key)).Result()
-			if err != nil {
-				return 0, err
-			}
-			q, err := admin.ZCard(ctx, lockKey(key)+":waiters").Result()
-			if err != nil {
-				return 0, err
-			}
-			a, err := admin.ZCard(ctx, lockKey(key)+":alive").Result()
-			return int(n + q + a), err
+			return int(n), err
 		},
 	})
 }
@@ -127,7 +124,7 @@ func BenchmarkHotKey8(b *testing.B) {
 }
 
 // BenchmarkHotKey8OneLocker is BenchmarkHotKey8 with the 8 contenders in
-// one Locker: a release wakes one of them, not all.
+// one Locker.
 func BenchmarkHotKey8OneLocker(b *testing.B) {
 	l := benchLocker(b, testbed.Redis(b))
 	hotKey(b, []*redislock.Locker{l, l, l, l, l, l, l, l})
@@ -201,8 +198,103 @@ func TestConformanceCluster(t *testing.T) {
 	})
 }
 
-// A woken waiter keeps its place: newcomers do not jump the queue.
-func TestFairHandoff(t *testing.T) {
+// Close ends the waits in progress.
+func TestCloseEndsWaits(t *testing.T) {
 	addr := testbed.Redis(t)
-	locktest.FairHandoff(t, locktest.Backend[config]{Name: "redis", Config: config{Addr: addr, TTL: 10 * time.Second}, TTL: 10 * time.Second}, 6, 300)
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	holder, waiter := newLocker(t, addr, redislock.Config{}), newLocker(t, addr, redislock.Config{})
+	lease, err := holder.Acquire(t.Context(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	got := make(chan error, 1)
+	go func() {
+		_, err := waiter.Acquire(t.Context(), "k")
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	waiter.Close()
+	select {
+	case err := <-got:
+		if !errors.Is(err, redislock.ErrClosed) {
+			t.Fatalf("wait ended with %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end the wait")
+	}
+}
+
+func newLocker(t *testing.T, addr string, cfg redislock.Config) *redislock.Locker {
+	c, err := redisconn.Open(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := redislock.New(c, cfg)
+	t.Cleanup(func() { l.Close(); c.Close() })
+	return l
+}
+
+// A try whose reply is lost after the SET ran (ctx ended while the reply
+// was on its way) leaves no key behind: Acquire deletes it, on a fresh
+// context, before it returns. The Locker reaches Redis through a proxy
+// that delays each direction by 300 ms, on connections made and scripts
+// loaded before, and its ctx ends 450 ms after the try was sent: after the
+// SET ran, before its reply came back.
+func TestLostReplyRemoved(t *testing.T) {
+	addr := testbed.Redis(t)
+	proxy, err := testbed.StartProxy("redis", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { admin.Close() })
+	// Connections made before the delay: a dial through it would cost the
+	// whole wait, and the cleanup's bound (a second).
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, PoolSize: 16})
+	conns := make([]*redis.Conn, 16)
+	for i := range conns {
+		conns[i] = c.Conn()
+		if err := conns[i].Ping(t.Context()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, conn := range conns {
+		conn.Close() // back to the pool
+	}
+	l := redislock.New(c, redislock.Config{TTL: time.Minute})
+	t.Cleanup(func() { l.Close(); c.Close() })
+	warm, err := l.Acquire(t.Context(), testbed.Prefix(t)+"-warm") // loads the scripts: EVALSHA then works at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := proxy.Latency(300 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 { // a try that did not reach Redis in time shows nothing: again
+		key := fmt.Sprintf("%s-%d", testbed.Prefix(t), i)
+		ctx, cancel := context.WithTimeout(t.Context(), 450*time.Millisecond)
+		lease, err := l.Acquire(ctx, key)
+		cancel()
+		if err == nil {
+			lease.Release(t.Context())
+			t.Fatal("Acquire returned a lease after its ctx ended")
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire: %v, want an error wrapping context.DeadlineExceeded", err)
+		}
+		if admin.Get(t.Context(), lockKey(key)+":fence").Val() == "" {
+			continue // the SET never ran
+		}
+		if n := admin.Exists(t.Context(), lockKey(key)).Val(); n != 0 {
+			t.Fatalf("the key of a try whose reply was lost is still there (PTTL %v)", admin.PTTL(t.Context(), lockKey(key)).Val())
+		}
+		return
+	}
+	t.Fatal("no try reached Redis within 450 ms through a 300 ms proxy: the harness cannot show a lost reply")
 }

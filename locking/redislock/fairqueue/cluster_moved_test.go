@@ -1,4 +1,4 @@
-package redislock_test
+package fairqueue_test
 
 import (
 	"context"
@@ -38,7 +38,7 @@ func TestClusterMovedReplyMovesWait(t *testing.T) {
 				}
 				c.OnNewNode(func(n *redis.Client) { n.AddHook(slotsHook(before)) })
 			}
-			waiter := redislock.New(c, slowFallback)
+			waiter := redislock.New(c, hardened(slowFallback))
 			t.Cleanup(func() { waiter.Close(); c.Close() })
 			stale := func() bool { // the waiter's slot map names the old master
 				t.Helper()

@@ -1,4 +1,4 @@
-package redislock_test
+package fairqueue_test
 
 import (
 	"context"
@@ -93,7 +93,7 @@ func newLocker(t *testing.T, addr string, cfg redislock.Config) *redislock.Locke
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := redislock.New(c, cfg)
+	l := redislock.New(c, hardened(cfg))
 	t.Cleanup(func() { l.Close(); c.Close() })
 	return l
 }

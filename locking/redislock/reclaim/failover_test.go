@@ -1,4 +1,4 @@
-package redislock_test
+package reclaim_test
 
 import (
 	"context"
@@ -194,7 +194,7 @@ func switchable(t *testing.T, target *atomic.Value, ttl time.Duration) *redisloc
 			return d.DialContext(ctx, network, target.Load().(string))
 		},
 	})
-	l := redislock.New(c, redislock.Config{TTL: ttl})
+	l := redislock.New(c, hardened(redislock.Config{TTL: ttl}))
 	t.Cleanup(func() { l.Close(); c.Close() })
 	return l
 }

@@ -1,4 +1,4 @@
-package redislock_test
+package fairqueue_test
 
 import (
 	"context"
@@ -47,7 +47,7 @@ func TestClusterClosedLockerOpensNothing(t *testing.T) {
 	if err := c.Exists(t.Context(), "lock:{"+key+"}").Err(); err != nil {
 		t.Fatal(err)
 	}
-	l := redislock.New(c, slowFallback)
+	l := redislock.New(c, hardened(slowFallback))
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +250,7 @@ func TestClusterNotifierFollowsNodeClient(t *testing.T) {
 		return out, nil
 	}})
 	defer cc.Close()
-	waiter := redislock.New(cc, slowFallback)
+	waiter := redislock.New(cc, hardened(slowFallback))
 	defer waiter.Close()
 	holder := newLocker(t, strings.Join(addrs, ","), slowFallback)
 
