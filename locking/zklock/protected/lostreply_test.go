@@ -117,4 +117,3 @@ func (c *dropCreateReply) Read(p []byte) (int, error) {
 	c.pending = c.pending[n:]
 	return n, nil
 }
-
