@@ -14,15 +14,14 @@ import (
 
 // lease is one node of ours at the head of its queue.
 type lease struct {
-	locker   *Locker
-	key      string
-	path     string
-	session  int64 // the session that owns the node
-	token    uint64
-	dog      Watchdog
-	released atomic.Bool
-	// watchTimer sets the watch on our node after watchDelay.
-	watchTimer *time.Timer
+	locker     *Locker
+	key        string
+	path       string
+	session    int64 // the session that owns the node
+	token      uint64
+	dog        Watchdog
+	released   atomic.Bool
+	watchTimer *time.Timer // sets the watch on our node after watchDelay
 }
 
 func (s *lease) Key() string           { return s.key }

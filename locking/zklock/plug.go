@@ -32,8 +32,7 @@ type Watchdog interface {
 // request sent at sent.
 type WatchdogFunc func(key string, ttl time.Duration, sent time.Time, check func(context.Context) error) Watchdog
 
-// Backoff is the delay before retry n+1: jittered, exponential from 25 ms,
-// at most 1 s.
+// Backoff is the delay before retry n+1: jittered, from 25 ms up to 1 s.
 func Backoff(n int) time.Duration {
 	d := min(25*time.Millisecond<<min(n, 6), time.Second)
 	return d/2 + mrand.N(d/2)
@@ -63,8 +62,7 @@ func startWatchdog(_ string, ttl time.Duration, sent time.Time, check func(conte
 	return w
 }
 
-// drift is subtracted from every validity: 1% of it plus 2 ms, for clocks
-// that run at different rates.
+// drift is cut from every validity, for clocks that run at different rates.
 func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
 // renew runs a check; once Lost is closed, nothing reopens it.
