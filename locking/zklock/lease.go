@@ -134,8 +134,8 @@ func (s *lease) Release(ctx context.Context) error {
 			s.dog.MarkLost()
 			return notHeld
 		case ctx.Err() != nil, try == Tries-1, errors.Is(err, zk.ErrClosing), !l.Sleep(ctx, Backoff(try)):
-			// Stop waiting, not deleting: a node left behind would hold the
-			// key for as long as the session lives.
+			// Else back off and retry. Here stop waiting, not deleting: a node
+			// left behind would hold the key for as long as the session lives.
 			l.Remove(s.path, s.session)
 			return s.releaseFailed(err)
 		}
