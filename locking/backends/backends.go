@@ -13,6 +13,7 @@ import (
 	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/etcdlock"
+	"github.com/oversold-lab/oversold/locking/keepalive"
 	"github.com/oversold-lab/oversold/locking/local"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
 	"github.com/oversold-lab/oversold/locking/mysqllock/memtable"
@@ -25,6 +26,9 @@ import (
 	"github.com/oversold-lab/oversold/locking/redlock/fairwake"
 	"github.com/oversold-lab/oversold/locking/redlock/quorum"
 	"github.com/oversold-lab/oversold/locking/zklock"
+	"github.com/oversold-lab/oversold/locking/zklock/ensembleid"
+	"github.com/oversold-lab/oversold/locking/zklock/handover"
+	"github.com/oversold-lab/oversold/locking/zklock/protected"
 
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -186,14 +190,29 @@ func NewMySQL(db *sql.DB, cfg mysqllock.Config) *mysqllock.Locker {
 	return mysqllock.New(db, cfg)
 }
 
-// openZooKeeper opens the ZooKeeper lock.
+// openZooKeeper opens the ZooKeeper lock: the recipe, with the create that
+// survives a lost reply, the shared watchdog, callers that stop waiting at
+// once, and the ensemble's identity.
 func openZooKeeper(ctx context.Context, cfg Config) (locking.Locker, error) {
 	// The Locker dials ZooKeeper itself: the session is the lease.
-	l, err := zklock.New(ctx, cfg.ZKServers, zklock.Config{SessionTimeout: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+	l, err := zklock.New(ctx, cfg.ZKServers, zklock.Config{SessionTimeout: cfg.ttl(),
+		Create: protected.Create, Watchdog: zkWatchdog(cfg.OnRenewalFailed)})
 	if err != nil {
 		return nil, unavailable("zookeeper", err)
 	}
-	return l, nil
+	return ensembleid.With(handover.New(l), l), nil
+}
+
+// zkWatchdog is a zklock.WatchdogFunc on the shared keepalive.Watchdog
+// (one runtime timer for every lease), whose failed checks onFail hears.
+func zkWatchdog(onFail func(key string, err error)) zklock.WatchdogFunc {
+	return func(key string, ttl time.Duration, sent time.Time, check func(context.Context) error) zklock.Watchdog {
+		var fail func(error)
+		if onFail != nil {
+			fail = func(err error) { onFail(key, err) }
+		}
+		return keepalive.Start(ttl, sent, check, fail)
+	}
 }
 
 // openEtcd opens the etcd lock.

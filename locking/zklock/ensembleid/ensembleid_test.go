@@ -1,4 +1,4 @@
-package zklock_test
+package ensembleid_test
 
 import (
 	"context"
@@ -10,7 +10,20 @@ import (
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/zklock"
+	"github.com/oversold-lab/oversold/locking/zklock/ensembleid"
 )
+
+func TestMain(m *testing.M) { testbed.Main(m) }
+
+// open is a recipe Locker with its Identity, closed when t ends.
+func open(t *testing.T, addr, root string) locking.Locker {
+	l, err := zklock.New(t.Context(), []string{addr}, zklock.Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return ensembleid.With(l, l)
+}
 
 // TestIdentity: locktest.Identity on ZooKeeper; a new ensemble (whose
 // zxids may be below the old one's) gives a new identity.
@@ -19,12 +32,7 @@ func TestIdentity(t *testing.T) {
 	t.Parallel()
 	root := "/" + testbed.Prefix(t) + "/locks"
 	locktest.Identity(t, testbed.StartZooKeeper, testbed.Options{}, func(t *testing.T, addr string) locking.Locker {
-		l, err := zklock.New(t.Context(), []string{addr}, zklock.Config{Root: root})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		return l
+		return open(t, addr, root)
 	})
 }
 
@@ -35,18 +43,14 @@ func TestIdentity(t *testing.T) {
 func TestIdentityUnavailable(t *testing.T) {
 	t.Parallel()
 	srv := locktest.PrivateServer(t, testbed.StartZooKeeper)
-	l, err := zklock.New(t.Context(), []string{srv.Addr}, zklock.Config{Root: "/" + testbed.Prefix(t) + "/locks"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := open(t, srv.Addr, "/"+testbed.Prefix(t)+"/locks")
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Resume()
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
-	_, err = l.Identity(ctx)
+	_, err := locking.IdentityOf(ctx, l)
 	if !errors.Is(err, locking.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Identity on a paused server: %v; want ErrUnavailable and the deadline", err)
 	}

@@ -1,4 +1,4 @@
-package zklock_test
+package handover_test
 
 import (
 	"context"
@@ -9,22 +9,26 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/zklock"
+	"github.com/oversold-lab/oversold/locking/zklock/handover"
 )
 
-// An Acquire whose ctx ends while its queueing goroutine is being granted
-// the lock leaves nothing held: the grant nobody took is released. Each
+func TestMain(m *testing.M) { testbed.Main(m) }
+
+// An Acquire whose ctx ends while its goroutine is being granted the lock
+// leaves nothing held: the grant nobody took is released. Each
 // try cancels after a delay around a free key's acquire time, so some
 // grants land just as the caller gives up; a lease left unreleased would
 // hold its key for the session's life and the rival would wait for it.
 func TestGrantAsCallerGivesUpIsReleased(t *testing.T) {
 	servers := testbed.ZooKeeper(t)
-	open := func() *zklock.Locker {
+	open := func() *handover.Locker {
 		l, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { l.Close() })
-		return l
+		h := handover.New(l)
+		t.Cleanup(func() { h.Close() })
+		return h
 	}
 	l, rival := open(), open()
 	cancelled := 0
