@@ -12,6 +12,7 @@ import (
 	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/etcdlock"
+	"github.com/oversold-lab/oversold/locking/keepalive"
 	"github.com/oversold-lab/oversold/locking/local"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
 	"github.com/oversold-lab/oversold/locking/redislock"
@@ -173,12 +174,24 @@ func openEtcd(ctx context.Context, cfg Config) (locking.Locker, error) {
 		return nil, unavailable("etcd", err)
 	}
 	// New grants the session lease: that is the check that etcd answers.
-	l, err := etcdlock.New(ctx, cli, etcdlock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+	l, err := etcdlock.New(ctx, cli, etcdlock.Config{TTL: cfg.ttl(), Renew: etcdRenewal(cfg.OnRenewalFailed)})
 	if err != nil {
 		cli.Close()
 		return nil, unavailable("etcd", err)
 	}
 	return owned{Locker: l, closers: []func() error{cli.Close}}, nil
+}
+
+// etcdRenewal renews etcd's session leases on the shared watchdog: its
+// alarms share one runtime timer, and onFail hears every failed renewal.
+func etcdRenewal(onFail func(key string, err error)) func(time.Duration, time.Time, etcdlock.RenewFunc) etcdlock.Renewal {
+	return func(ttl time.Duration, sent time.Time, renew etcdlock.RenewFunc) etcdlock.Renewal {
+		var failed func(error)
+		if onFail != nil {
+			failed = func(err error) { onFail("", err) } // one renewal serves every key
+		}
+		return keepalive.Start(ttl, sent, keepalive.RenewFunc(renew), failed)
+	}
 }
 
 // owned closes the clients Open made after the Locker built on them.

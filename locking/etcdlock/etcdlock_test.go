@@ -519,55 +519,6 @@ func TestCloseRevokesSessionGrantedMeanwhile(t *testing.T) {
 	}
 }
 
-// A session lost as Close runs, after a new one was granted, still has
-// its keys on the server until its TTL: Close must revoke it too. The hook
-// holds each session's watcher until Close has begun, as a watcher not yet
-// scheduled when its session was lost would be; it then finds both the
-// loss and Close at hand. Repeated, since the watcher's choice between
-// them may be random.
-func TestCloseRevokesSessionLostMeanwhile(t *testing.T) {
-	endpoints := testbed.Etcd(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	for round := range 8 {
-		pfx := fmt.Sprintf("%s/%d", testbed.Prefix(t), round)
-		// A TTL far beyond the test: only a revoke deletes the keys.
-		l, err := etcdlock.New(t.Context(), cli, etcdlock.Config{TTL: time.Minute, Prefix: pfx})
-		if err != nil {
-			t.Fatal(err)
-		}
-		etcdlock.WatchingSession(l, func() {
-			for !etcdlock.Closing(l) {
-				time.Sleep(time.Millisecond)
-			}
-		})
-		etcdlock.LoseSession(l) // the first session, unhooked: revoked by its watcher
-		if _, err := l.Acquire(t.Context(), "old"); err != nil {
-			t.Fatal(err)
-		}
-		etcdlock.LoseSession(l) // the session holding "old": its watcher waits for Close
-		if _, err := l.Acquire(t.Context(), "new"); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-		resp, err := cli.Get(t.Context(), pfx+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, kv := range resp.Kvs {
-			t.Errorf("round %d: %s left on the server after Close", round, kv.Key)
-		}
-		if t.Failed() {
-			return
-		}
-	}
-}
-
 // Close ends the Locker's requests under way, even when etcd does not
 // answer: it returns within its revoke bound, well before the TTL. Here
 // a Release that could not reach etcd left its delete to the background,
