@@ -1,31 +1,28 @@
-// Package etcdlock is an etcd lock: keys bound to a session lease, served
-// in the order of their create revisions, each waiter watching only its
-// predecessor (the recipe of etcd's client/v3/concurrency Mutex).
+// Package etcdlock is an etcd lock, the recipe of etcd's concurrency Mutex:
+// a Locker keeps one session, a lease it renews (a new one once lost), and
+// Acquire puts <Prefix>/<key>/<lease>-<n> on it and reads the head of the
+// queue in one transaction. The oldest key holds the lock; any other
+// watches the deletion of the last key created before its own.
 //
-// A Locker keeps one session, an etcd lease it renews itself; it grants a
-// new one when the last is lost. Acquire puts <Prefix>/<key>/<lease>-<n>
-// bound to it, in one transaction that also reads the head of the queue:
-// the oldest key holds the lock, any other watches the deletion of the
-// last key created before its own, so a release wakes one waiter.
-//
-//   - Token is the key's create revision: it grows with every write to
-//     the cluster, so each later holder has a larger one.
+//   - Token is our key's create revision: revisions grow with every write
+//     to the cluster, so each later holder has a larger one.
 //   - Lost closes when the lease's validity, as the client reckons it,
 //     has passed, when the session is lost, and when our key is deleted
 //     behind our back.
 //   - Release deletes our key by its name, which no other acquisition
-//     ever uses while a delete of it may be in flight (Namer).
+//     uses while a delete of it may be in flight (Namer).
 //   - A wait ended by ctx, or a Release that failed, leaves the delete of
 //     its key to the background, on fresh contexts, until done or moot.
 //
-// The recipe is complete on its own. Config plugs in what a service adds
-// (locking/backends composes it): how the session is renewed (Renewal), how
-// keys are named (Namer), how a waiter waits (Waiter), what becomes of a
-// lost session (OnLost). Why each piece is as it is, the failure modes and
-// the hardening packages beside this one: docs/locks/etcd.md.
+// Config plugs in what a service adds (locking/backends composes it): how
+// the session is renewed (Renewal), how keys are named (Namer), how a
+// waiter waits (Waiter), what becomes of a lost session (OnLost). The
+// reasoning, the failure modes and the hardening packages beside this one
+// are in docs/locks/etcd.md.
 package etcdlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,34 +48,24 @@ const (
 	// DefaultTTL is the session lease's TTL when Config.TTL is 0.
 	DefaultTTL = 10 * time.Second
 
-	// watchDelay is how long a lease is held before it watches its own
-	// key: a lease released sooner (a hot key's usual turn) needs no watch.
-	watchDelay = 20 * time.Millisecond
-	// tries bounds the requeues of one Acquire.
-	tries = 5
-	// closeTimeout bounds Close's revoke: an unreachable etcd lets the
-	// lease expire by its TTL.
-	closeTimeout = 2 * time.Second
+	watchDelay   = 20 * time.Millisecond // a lease held this long watches its key
+	tries        = 5                     // requeues of one Acquire
+	closeTimeout = 2 * time.Second       // Close's revoke; else the lease expires
 )
 
 // Config tunes a Locker. Zero values mean the documented defaults.
 type Config struct {
-	// TTL is the session lease's time to live, rounded up to whole seconds;
-	// 0 = DefaultTTL. The server may raise it to its minimum.
-	TTL time.Duration
-	// Prefix is the key under which each lock key gets its queue. "" =
-	// DefaultPrefix.
-	Prefix string
+	TTL    time.Duration // the session lease's, in whole seconds (etcd's minimum ~2 s)
+	Prefix string        // the parent of each lock key's queue
 
-	// Renew starts the renewal of a session lease granted for ttl by a
-	// request sent at sent; nil = Renew.
+	// Renew starts the renewal of a lease granted for ttl by a request
+	// sent at sent; nil = Renew.
 	Renew func(ttl time.Duration, sent time.Time, renew RenewFunc) Renewal
 	// Names makes each session's Namer; nil = a counter, never reused.
 	Names func() Namer
 	// Wait waits for a waiter's predecessor to go; nil = WatchDelete.
 	Wait Waiter
-	// OnLost, if set, hears of each session lost to the Locker, which the
-	// server may keep, with its keys, until its TTL.
+	// OnLost, if set, hears of each session lost to the Locker.
 	OnLost func(id clientv3.LeaseID, ttl time.Duration)
 }
 
@@ -89,8 +76,7 @@ type Waiter interface {
 }
 
 var (
-	// errRequeue: our key is gone while we queued (its session ended, or
-	// someone deleted it). Acquire queues again, on a new session if needed.
+	// errRequeue: our key went while we queued; Acquire queues again.
 	errRequeue = errors.New("etcdlock: our queue key vanished")
 	errClosed  = fmt.Errorf("etcdlock: locker closed: %w", locking.ErrUnavailable)
 )
@@ -114,21 +100,14 @@ type Locker struct {
 // New grants the first session within ctx: that is also the check that etcd
 // answers. The Locker uses cli but does not close it.
 func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Locker, error) {
-	if cfg.TTL <= 0 {
-		cfg.TTL = DefaultTTL
-	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = DefaultPrefix
-	}
+	cfg.TTL, cfg.Prefix = cmp.Or(max(cfg.TTL, 0), DefaultTTL), cmp.Or(cfg.Prefix, DefaultPrefix)
 	if cfg.Renew == nil {
 		cfg.Renew = Renew
 	}
 	if cfg.Names == nil {
 		cfg.Names = func() Namer { return new(counter) }
 	}
-	if cfg.Wait == nil {
-		cfg.Wait = WatchDelete{}
-	}
+	cfg.Wait = cmp.Or[Waiter](cfg.Wait, WatchDelete{})
 	l := &Locker{cli: cli, cfg: cfg}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	if _, err := l.session(ctx); err != nil {
@@ -149,18 +128,16 @@ func (l *Locker) goBg(f func()) bool {
 	return true
 }
 
-// Close revokes the session, which deletes every key it holds; held leases
-// are lost. It ends the Locker's requests under way, waits for a grant under
-// way (so its session is revoked, not left to nobody) and for the Locker's
-// goroutines; its revoke takes at most closeTimeout.
+// Close ends the Locker's requests and revokes its session, deleting its
+// keys; it waits for a grant under way, so as to revoke that session too.
 func (l *Locker) Close() error {
 	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return nil
-	}
+	closed := l.closed
 	l.closed = true
 	l.mu.Unlock()
+	if closed {
+		return nil
+	}
 	l.cancel()
 	l.granting.Lock() // a grant under way has published its session
 	l.mu.Lock()
@@ -171,9 +148,10 @@ func (l *Locker) Close() error {
 	if s == nil {
 		return nil
 	}
+	s.r.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
-	if err := l.revoke(ctx, s); err != nil {
+	if _, err := l.cli.Revoke(ctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return fmt.Errorf("etcdlock: close: revoke: %w", err)
 	}
 	return nil
@@ -216,51 +194,39 @@ func (l *Locker) acquire(ctx context.Context, key, pfx string) (*lease, error) {
 		l.remove(sess, me, q.rev)
 		return nil, err
 	}
-	s.pfx, s.n = pfx, n
+	s.give = func(reuse bool) { sess.names.Give(pfx, n, reuse) }
 	return s, nil
 }
 
-// queued is our place in the queue.
+// queued is our place in the queue, or why we have none.
 type queued struct {
 	rev   int64 // our key's create revision
 	first bool  // ours is the oldest key: we hold the lock
 	seen  int64 // the revision at which that was read
+	err   error
 }
 
-// enqueue runs create, which is never abandoned halfway since it may still
-// land on the server: when ctx ends first, the background waits for it and
-// deletes what it made.
+// enqueue runs create, which is never abandoned halfway (it may still land
+// on the server): when ctx ends first, the background deletes what it made.
 func (l *Locker) enqueue(ctx context.Context, sess *session, pfx, me string) (queued, error) {
-	type result struct {
-		q   queued
-		err error
-	}
-	res := make(chan result, 1)
-	if !l.goBg(func() {
-		q, err := l.create(sess, pfx, me)
-		if err != nil {
-			l.remove(sess, me, 0)
-		}
-		res <- result{q, err}
-	}) {
+	res := make(chan queued, 1)
+	if !l.goBg(func() { res <- l.create(sess, pfx, me) }) {
 		return queued{}, errClosed
 	}
 	select {
-	case r := <-res:
-		return r.q, r.err
+	case q := <-res:
+		if q.err != nil {
+			l.remove(sess, me, 0)
+		}
+		return q, q.err
 	case <-ctx.Done():
-		l.goBg(func() {
-			if r := <-res; r.err == nil {
-				l.remove(sess, me, r.q.rev)
-			}
-		})
+		l.goBg(func() { l.remove(sess, me, (<-res).rev) })
 		return queued{}, ctx.Err()
 	}
 }
 
-// create puts our key, if not there yet, and reads the head of the queue,
-// in one transaction bounded by the session's TTL.
-func (l *Locker) create(sess *session, pfx, me string) (queued, error) {
+// create puts our key, if not there yet, and reads the head of the queue.
+func (l *Locker) create(sess *session, pfx, me string) queued {
 	ctx, cancel := context.WithTimeout(sess.ctx, sess.ttl)
 	defer cancel()
 	head := clientv3.OpGet(pfx, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)
@@ -272,11 +238,11 @@ func (l *Locker) create(sess *session, pfx, me string) (queued, error) {
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		sess.r.MarkLost() // the next session() grants a new one
-		return queued{}, errRequeue
+		return queued{err: errRequeue}
 	case err != nil && l.ctx.Err() != nil:
-		return queued{}, errClosed
+		return queued{err: errClosed}
 	case err != nil:
-		return queued{}, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
+		return queued{err: fmt.Errorf("%w: %w", locking.ErrUnavailable, err)}
 	}
 	q := queued{rev: resp.Header.Revision, seen: resp.Header.Revision}
 	if !resp.Succeeded {
@@ -285,12 +251,11 @@ func (l *Locker) create(sess *session, pfx, me string) (queued, error) {
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 		q.first = kvs[0].CreateRevision == q.rev
 	}
-	return q, nil
+	return q
 }
 
-// wait waits until ours is the oldest key in the queue, watching only the
-// key created just before ours. Requests that fail are tried again for up
-// to one TTL, then etcd counts as unavailable.
+// wait waits until ours is the oldest key in the queue. Failed requests are
+// tried again: an etcd that stays unreachable ends the session, and the wait.
 func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string, q queued) (*lease, error) {
 	if q.first {
 		return l.hold(sess, key, me, q.rev, q.seen)
@@ -298,7 +263,6 @@ func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string
 	ctx, cancel := context.WithCancel(parent) // the session's end stops it too
 	defer cancel()
 	defer context.AfterFunc(sess.ctx, cancel)()
-	var failing time.Time // since when requests fail
 	for try := 0; ; try++ {
 		// One snapshot: the last key created before ours, and ours.
 		resp, err := l.cli.Txn(ctx).Then(
@@ -306,7 +270,6 @@ func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string
 			clientv3.OpGet(me, clientv3.WithKeysOnly()),
 		).Commit()
 		if err == nil {
-			failing = time.Time{}
 			if len(resp.Responses[1].GetResponseRange().Kvs) == 0 {
 				return nil, errRequeue
 			}
@@ -325,10 +288,6 @@ func (l *Locker) wait(parent context.Context, sess *session, key, pfx, me string
 			return nil, errClosed
 		case sess.ctx.Err() != nil:
 			return nil, errRequeue
-		case failing.IsZero():
-			failing = time.Now()
-		case time.Since(failing) > sess.ttl:
-			return nil, fmt.Errorf("%w: %w", locking.ErrUnavailable, err)
 		}
 		sleep(ctx, backoff(try))
 	}
@@ -349,10 +308,7 @@ func (WatchDelete) WaitDelete(ctx context.Context, cli *clientv3.Client, pred *m
 			return wr.Err()
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return errors.New("etcdlock: watch closed")
+	return cmp.Or(ctx.Err(), errors.New("etcdlock: watch closed"))
 }
 
 // Deleted reports whether wr tells of a deletion.
@@ -366,18 +322,16 @@ func Deleted(wr clientv3.WatchResponse) bool {
 }
 
 // remove deletes our key in the background, fenced by its create revision
-// when known (0: the name is ours alone either way), on fresh contexts
-// until it is gone or moot: the session's end (a lost lease, Close's
-// revoke) takes the key with it.
+// if known, until done or moot: the session's end takes the key with it.
 func (l *Locker) remove(sess *session, me string, rev int64) {
-	cmp := clientv3.Compare(clientv3.CreateRevision(me), "=", rev)
+	fence := clientv3.Compare(clientv3.CreateRevision(me), "=", rev)
 	if rev == 0 {
-		cmp = clientv3.Compare(clientv3.CreateRevision(me), ">", 0)
+		fence = clientv3.Compare(clientv3.CreateRevision(me), ">", 0)
 	}
 	l.goBg(func() {
 		for try := 0; ; try++ {
 			ctx, cancel := context.WithTimeout(sess.ctx, sess.ttl)
-			_, err := l.cli.Txn(ctx).If(cmp).Then(clientv3.OpDelete(me)).Commit()
+			_, err := l.cli.Txn(ctx).If(fence).Then(clientv3.OpDelete(me)).Commit()
 			cancel()
 			if err == nil || !sleep(sess.ctx, backoff(try)) {
 				return
@@ -404,10 +358,8 @@ func backoff(n int) time.Duration {
 	return d/2 + mrand.N(d/2)
 }
 
-// hold makes a lease of our key, now the oldest in its queue, read at
-// revision seen. Lost closes with the session, and when our key is deleted
-// behind our back: a watch from seen+1 tells, started once the lease has
-// been held for watchDelay, so a lease released sooner costs no watch.
+// hold makes a lease of our key, the oldest in its queue at revision seen.
+// Its watch starts after watchDelay: a lease released sooner costs none.
 func (l *Locker) hold(sess *session, key, me string, rev, seen int64) (*lease, error) {
 	s := &lease{locker: l, sess: sess, key: key, me: me, rev: rev, lost: make(chan struct{}), stopped: make(chan struct{})}
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(sess.ctx))
@@ -423,10 +375,9 @@ func (l *Locker) hold(sess *session, key, me string, rev, seen int64) (*lease, e
 type lease struct {
 	locker   *Locker
 	sess     *session
-	key, me  string // the lock's key, our etcd key
-	rev      int64  // our key's create revision: the token
-	pfx      string // our queue's prefix
-	n        uint64 // the number in our key's name
+	key, me  string           // the lock's key, our etcd key
+	rev      int64            // our key's create revision: the token
+	give     func(reuse bool) // hands our name's number back
 	lost     chan struct{}
 	lostOnce sync.Once
 	released atomic.Bool
@@ -448,8 +399,8 @@ func (s *lease) Lost() <-chan struct{} {
 
 func (s *lease) markLost() { s.lostOnce.Do(func() { close(s.lost) }) }
 
-// watch closes Lost when our key is deleted, the watch fails (owner
-// unknown counts as lost) or the session ends, unless Release ended it.
+// watch closes Lost when our key is deleted, the watch fails or the session
+// ends, unless Release ended it.
 func (s *lease) watch(ctx context.Context, seen int64) {
 	defer close(s.stopped)
 	if sleep(ctx, watchDelay) {
@@ -464,9 +415,8 @@ func (s *lease) watch(ctx context.Context, seen int64) {
 	}
 }
 
-// Release deletes our key: a plain delete, as concurrency.Mutex's Unlock,
-// since the name is handed out again only after a delete of it answered
-// (Namer). Deleted == 0: the key went already, the lease is not held.
+// Release deletes our key, a plain delete as concurrency.Mutex's Unlock:
+// the name is ours alone (Namer). Deleted == 0: the lease was not held.
 func (s *lease) Release(ctx context.Context) error {
 	notHeld := fmt.Errorf("release %q: %w", s.key, locking.ErrNotHeld)
 	if !s.released.CompareAndSwap(false, true) {
@@ -479,11 +429,10 @@ func (s *lease) Release(ctx context.Context) error {
 		return notHeld // Close revoked the session and deleted the key
 	}
 	resp, err := l.cli.Delete(ctx, s.me)
-	s.sess.names.Give(s.pfx, s.n, err == nil)
+	s.give(err == nil)
 	switch {
 	case err != nil:
-		// Stop waiting, not deleting: a key left behind would hold the
-		// lock for as long as the session lives.
+		// A key left behind would hold the lock as long as the session lives.
 		l.remove(s.sess, s.me, s.rev)
 		if isClosed(s.lost) {
 			return fmt.Errorf("release %q: %w: %w", s.key, locking.ErrNotHeld, err)

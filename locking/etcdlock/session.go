@@ -14,10 +14,9 @@ import (
 	"github.com/oversold-lab/oversold/locking"
 )
 
-// Renewal keeps one session lease alive. Lost is closed once the lease can
-// no longer be trusted, and reads the clock: a holder back from a pause
-// must find it closed before any timer has run. MarkLost closes it from
-// outside; Stop ends the renewals and waits for the one in flight.
+// Renewal keeps one session lease alive. Lost closes once the lease can no
+// longer be trusted and reads the clock (a holder back from a pause must
+// find it closed); Stop ends renewing and waits for the renewal in flight.
 type Renewal interface {
 	Lost() <-chan struct{}
 	MarkLost()
@@ -28,16 +27,15 @@ type Renewal interface {
 // server no longer has it.
 type RenewFunc func(ctx context.Context) error
 
-// Namer numbers one session's queue keys: <queue><lease hex>-<n hex>.
-// Give hands a number back; reuse says its key is known deleted and no
-// request of ours on it is in flight. A number may be handed out again only
-// then: a delete still in flight would remove the next key of that name.
+// Namer numbers one session's queue keys: <queue><lease hex>-<n hex>. Give
+// hands n back; only with reuse (its key known deleted, no request of ours
+// on it in flight) may n come again, or a late delete would free a holder.
 type Namer interface {
 	Take(queue string) uint64
 	Give(queue string, n uint64, reuse bool)
 }
 
-// counter is the default Namer: a new number every time, never reused.
+// counter is the default Namer: a new number every time.
 type counter struct{ n atomic.Uint64 }
 
 func (c *counter) Take(string) uint64        { return c.n.Add(1) }
@@ -53,8 +51,8 @@ type session struct {
 	cancel context.CancelFunc
 }
 
-// session returns the live session, granting a new one if the last was lost.
-// Grants are one at a time, so that Close can wait for one under way.
+// session returns the live session, granting a new one if the last was
+// lost. Grants are one at a time, so that Close can wait for one under way.
 func (l *Locker) session(ctx context.Context) (*session, error) {
 	l.granting.Lock()
 	defer l.granting.Unlock()
@@ -67,14 +65,12 @@ func (l *Locker) session(ctx context.Context) (*session, error) {
 	if cur != nil && cur.ctx.Err() == nil && !isClosed(cur.r.Lost()) {
 		return cur, nil
 	}
-	// The client retries an unreachable server until ctx ends: bound it,
-	// and end it with the Locker.
+	// The client retries an unreachable server until ctx ends: bound it.
 	gctx, cancel := context.WithTimeout(ctx, max(l.cfg.TTL, 5*time.Second))
 	defer cancel()
 	defer context.AfterFunc(l.ctx, cancel)()
-	secs := max(int64((l.cfg.TTL+time.Second-1)/time.Second), 1)
 	sent := time.Now()
-	resp, err := l.cli.Grant(gctx, secs)
+	resp, err := l.cli.Grant(gctx, max(int64((l.cfg.TTL+time.Second-1)/time.Second), 1))
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
@@ -96,8 +92,7 @@ func (l *Locker) session(ctx context.Context) (*session, error) {
 	if l.afterGrant != nil {
 		l.afterGrant()
 	}
-	// Published even when Close came meanwhile: Close waits for this grant
-	// and revokes the session it finds.
+	// Published even when Close came meanwhile: Close revokes it.
 	l.mu.Lock()
 	l.sess = s
 	l.mu.Unlock()
@@ -107,9 +102,8 @@ func (l *Locker) session(ctx context.Context) (*session, error) {
 	return s, nil
 }
 
-// watchSession ends s once its renewal says it is lost, so that its leases'
-// Lost close and its waiters queue again on a new session. The server may
-// keep a lost lease, and its keys, until its TTL: OnLost hears of it.
+// watchSession ends s once lost (its leases' Lost close, its waiters queue
+// again); the server may keep it, and its keys, until its TTL: OnLost.
 func (l *Locker) watchSession(s *session) {
 	select {
 	case <-s.r.Lost():
@@ -121,22 +115,10 @@ func (l *Locker) watchSession(s *session) {
 	}
 }
 
-// revoke revokes s's lease, deleting its keys; nil also when the server no
-// longer has it.
-func (l *Locker) revoke(ctx context.Context, s *session) error {
-	s.r.Stop()
-	_, err := l.cli.Revoke(ctx, s.id)
-	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return err
-	}
-	return nil
-}
-
-// renewal is the default Renewal: KeepAliveOnce every TTL/3, again at
-// TTL/12 after a failure. The server expires the lease no sooner than the
-// send time of the last renewal it answered plus the TTL, so Lost closes
-// there, less 1% for clocks that run at different rates. (The client's
-// KeepAlive stream tells a loss only once it has given up, after that.)
+// renewal is the default Renewal: KeepAliveOnce every TTL/3 (TTL/12 after a
+// failure). The server expires the lease no sooner than the send time of
+// the last renewal it answered plus the TTL: Lost closes there, less 1% for
+// clock rates. (The client's KeepAlive stream tells of a loss later.)
 type renewal struct {
 	ttl   time.Duration
 	renew RenewFunc
@@ -144,23 +126,24 @@ type renewal struct {
 	once  sync.Once
 	stop  context.CancelFunc
 	done  chan struct{}
-
-	mu    sync.Mutex
-	until time.Time // the lease's validity
+	until atomic.Pointer[time.Time] // the lease's validity
 }
 
 // Renew is the default Config.Renew.
 func Renew(ttl time.Duration, sent time.Time, renew RenewFunc) Renewal {
-	r := &renewal{ttl: ttl, renew: renew, lost: make(chan struct{}), done: make(chan struct{}), until: sent.Add(ttl - ttl/100)}
+	r := &renewal{ttl: ttl, renew: renew, lost: make(chan struct{}), done: make(chan struct{})}
+	r.extend(sent)
 	ctx, stop := context.WithCancel(context.Background())
 	r.stop = stop
 	go r.loop(ctx)
 	return r
 }
 
+func (r *renewal) extend(sent time.Time) { t := sent.Add(r.ttl - r.ttl/100); r.until.Store(&t) }
+
 func (r *renewal) loop(ctx context.Context) {
 	defer close(r.done)
-	expiry, next := time.NewTimer(time.Until(r.validUntil())), time.NewTimer(r.ttl/3)
+	expiry, next := time.NewTimer(time.Until(*r.until.Load())), time.NewTimer(r.ttl/3)
 	defer expiry.Stop()
 	defer next.Stop()
 	for {
@@ -173,17 +156,15 @@ func (r *renewal) loop(ctx context.Context) {
 		case <-next.C:
 		}
 		sent := time.Now()
-		rctx, cancel := context.WithDeadline(ctx, r.validUntil())
+		rctx, cancel := context.WithDeadline(ctx, *r.until.Load())
 		err := r.renew(rctx)
 		cancel()
 		switch {
 		case isClosed(r.Lost()) || ctx.Err() != nil:
 			return // a late answer must not revive a lease already lost
 		case err == nil:
-			r.mu.Lock()
-			r.until = sent.Add(r.ttl - r.ttl/100)
-			r.mu.Unlock()
-			expiry.Reset(time.Until(r.validUntil()))
+			r.extend(sent)
+			expiry.Reset(time.Until(*r.until.Load()))
 			next.Reset(r.ttl / 3)
 		case errors.Is(err, locking.ErrNotHeld):
 			r.MarkLost()
@@ -194,25 +175,15 @@ func (r *renewal) loop(ctx context.Context) {
 	}
 }
 
-func (r *renewal) validUntil() time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.until
-}
-
 func (r *renewal) Lost() <-chan struct{} {
-	if time.Now().After(r.validUntil()) {
+	if time.Now().After(*r.until.Load()) {
 		r.MarkLost()
 	}
 	return r.lost
 }
 
 func (r *renewal) MarkLost() { r.once.Do(func() { close(r.lost) }) }
-
-func (r *renewal) Stop() {
-	r.stop()
-	<-r.done
-}
+func (r *renewal) Stop()     { r.stop(); <-r.done }
 
 func isClosed(ch <-chan struct{}) bool {
 	select {
