@@ -150,6 +150,8 @@ func (r *renewal) loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-r.lost: // marked lost from outside
+			return
 		case <-expiry.C:
 			r.MarkLost()
 			return
