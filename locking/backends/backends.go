@@ -13,6 +13,9 @@ import (
 	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/etcdlock"
+	"github.com/oversold-lab/oversold/locking/etcdlock/lostrevoke"
+	"github.com/oversold-lab/oversold/locking/etcdlock/namereuse"
+	"github.com/oversold-lab/oversold/locking/etcdlock/quickwake"
 	"github.com/oversold-lab/oversold/locking/keepalive"
 	"github.com/oversold-lab/oversold/locking/local"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
@@ -215,19 +218,37 @@ func zkWatchdog(onFail func(key string, err error)) zklock.WatchdogFunc {
 	}
 }
 
-// openEtcd opens the etcd lock.
+// openEtcd opens the etcd lock: the recipe, with its session renewed on the
+// shared watchdog, a hot key's names reused, waiters woken without etcd's
+// catch-up of past watches, and lost sessions revoked at once.
 func openEtcd(ctx context.Context, cfg Config) (locking.Locker, error) {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.EtcdEndpoints, DialTimeout: 5 * time.Second})
 	if err != nil {
 		return nil, unavailable("etcd", err)
 	}
+	revoker := lostrevoke.New(cli)
 	// New grants the session lease: that is the check that etcd answers.
-	l, err := etcdlock.New(ctx, cli, etcdlock.Config{TTL: cfg.ttl(), OnRenewalFailed: cfg.OnRenewalFailed})
+	l, err := etcdlock.New(ctx, cli, etcdlock.Config{TTL: cfg.ttl(), Renew: etcdRenewal(cfg.OnRenewalFailed),
+		Names: namereuse.New, Wait: quickwake.Waiter{}, OnLost: revoker.Lost})
 	if err != nil {
+		revoker.Close()
 		cli.Close()
 		return nil, unavailable("etcd", err)
 	}
-	return owned{Locker: l, closers: []func() error{cli.Close}}, nil
+	stream := quickwake.KeepStream(cli, etcdlock.DefaultPrefix)
+	return owned{Locker: l, closers: []func() error{stream, revoker.Close, cli.Close}}, nil
+}
+
+// etcdRenewal renews etcd's session leases on the shared watchdog: its
+// alarms share one runtime timer, and onFail hears every failed renewal.
+func etcdRenewal(onFail func(key string, err error)) func(time.Duration, time.Time, etcdlock.RenewFunc) etcdlock.Renewal {
+	return func(ttl time.Duration, sent time.Time, renew etcdlock.RenewFunc) etcdlock.Renewal {
+		var failed func(error)
+		if onFail != nil {
+			failed = func(err error) { onFail("", err) } // one renewal serves every key
+		}
+		return keepalive.Start(ttl, sent, keepalive.RenewFunc(renew), failed)
+	}
 }
 
 // owned closes the clients Open made after the Locker built on them.

@@ -28,10 +28,15 @@ import (
 type config struct {
 	Endpoints []string
 	TTL       time.Duration
+	Hardened  bool // as locking/backends composes it (hardened_test.go)
 }
 
-// open is how the suite opens this backend, here and in its helper processes.
+// open is how the suite opens this backend, here and in its helper
+// processes: the recipe alone, unless c.Hardened.
 func open(ctx context.Context, c config) (locking.Locker, error) {
+	if c.Hardened {
+		return openHardened(ctx, c)
+	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints, DialTimeout: 5 * time.Second})
 	if err != nil {
 		return nil, err
@@ -50,16 +55,16 @@ func TestMain(m *testing.M) { locktest.Main(m, open) }
 // election timeouts, rounded up to whole seconds).
 const ttl = 2 * time.Second
 
-func TestConformance(t *testing.T) { conformance(t, testbed.Etcd(t)) }
+func TestConformance(t *testing.T) { conformance(t, testbed.Etcd(t), false) }
 
 // The same suite on a three-member cluster: leases, watches and revisions
 // as Raft serves them, from any member.
-func TestConformanceCluster(t *testing.T) { conformance(t, testbed.EtcdCluster(t)) }
+func TestConformanceCluster(t *testing.T) { conformance(t, testbed.EtcdCluster(t), false) }
 
-func conformance(t *testing.T, endpoints []string) {
+func conformance(t *testing.T, endpoints []string, hardened bool) {
 	locktest.Run(t, locktest.Backend[config]{
 		Name:   "etcd",
-		Config: config{Endpoints: endpoints, TTL: ttl},
+		Config: config{Endpoints: endpoints, TTL: ttl, Hardened: hardened},
 		TTL:    ttl,
 		// Replace the holder's key (the oldest in the key's queue) with a
 		// rival's key without a lease, which then holds the lock.
@@ -83,7 +88,7 @@ func conformance(t *testing.T, endpoints []string) {
 				})
 			}, err
 		},
-		QueueConfig: &config{Endpoints: endpoints, TTL: ttl},
+		QueueConfig: &config{Endpoints: endpoints, TTL: ttl, Hardened: hardened},
 		Leftovers:   queueLength(endpoints),
 		State: func(ctx context.Context) (state string, err error) {
 			err = withClient(endpoints, func(c *clientv3.Client) error {
@@ -118,7 +123,7 @@ func conformance(t *testing.T, endpoints []string) {
 			return fp, err
 		},
 		Servers: endpoints,
-		Through: func(addrs []string) config { return config{Endpoints: addrs, TTL: ttl} },
+		Through: func(addrs []string) config { return config{Endpoints: addrs, TTL: ttl, Hardened: hardened} },
 		Expiry:  ttl,
 	})
 }
@@ -289,8 +294,9 @@ func TestLostWhenServerPaused(t *testing.T) {
 	}
 }
 
-func BenchmarkAcquireRelease(b *testing.B) {
-	l := newLocker(b, testbed.Etcd(b))
+func BenchmarkAcquireRelease(b *testing.B) { acquireRelease(b, newLocker(b, testbed.Etcd(b))) }
+
+func acquireRelease(b *testing.B, l locking.Locker) {
 	key := testbed.Prefix(b) + "/sku"
 	for b.Loop() {
 		lease, err := l.Acquire(b.Context(), key)
@@ -306,12 +312,16 @@ func BenchmarkAcquireRelease(b *testing.B) {
 // BenchmarkHotKey hands one key between 8 contenders, each with its own
 // Locker (its own session, as 8 replicas would have).
 func BenchmarkHotKey(b *testing.B) {
-	const contenders = 8
 	endpoints := testbed.Etcd(b)
+	hotKey(b, func() locking.Locker { return newLocker(b, endpoints) })
+}
+
+func hotKey(b *testing.B, newLocker func() locking.Locker) {
+	const contenders = 8
 	key := testbed.Prefix(b) + "/hot"
-	lockers := make([]*etcdlock.Locker, contenders)
+	lockers := make([]locking.Locker, contenders)
 	for i := range lockers {
-		lockers[i] = newLocker(b, endpoints)
+		lockers[i] = newLocker()
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -516,55 +526,6 @@ func TestCloseRevokesSessionGrantedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	} else if len(leases.Leases) != 0 {
 		t.Errorf("%d leases left on the server after Close", len(leases.Leases))
-	}
-}
-
-// A session lost as Close runs, after a new one was granted, still has
-// its keys on the server until its TTL: Close must revoke it too. The hook
-// holds each session's watcher until Close has begun, as a watcher not yet
-// scheduled when its session was lost would be; it then finds both the
-// loss and Close at hand. Repeated, since the watcher's choice between
-// them may be random.
-func TestCloseRevokesSessionLostMeanwhile(t *testing.T) {
-	endpoints := testbed.Etcd(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	for round := range 8 {
-		pfx := fmt.Sprintf("%s/%d", testbed.Prefix(t), round)
-		// A TTL far beyond the test: only a revoke deletes the keys.
-		l, err := etcdlock.New(t.Context(), cli, etcdlock.Config{TTL: time.Minute, Prefix: pfx})
-		if err != nil {
-			t.Fatal(err)
-		}
-		etcdlock.WatchingSession(l, func() {
-			for !etcdlock.Closing(l) {
-				time.Sleep(time.Millisecond)
-			}
-		})
-		etcdlock.LoseSession(l) // the first session, unhooked: revoked by its watcher
-		if _, err := l.Acquire(t.Context(), "old"); err != nil {
-			t.Fatal(err)
-		}
-		etcdlock.LoseSession(l) // the session holding "old": its watcher waits for Close
-		if _, err := l.Acquire(t.Context(), "new"); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-		resp, err := cli.Get(t.Context(), pfx+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, kv := range resp.Kvs {
-			t.Errorf("round %d: %s left on the server after Close", round, kv.Key)
-		}
-		if t.Failed() {
-			return
-		}
 	}
 }
 

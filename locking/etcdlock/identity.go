@@ -11,14 +11,9 @@ import (
 )
 
 // Identity names the data the tokens (revisions) count in
-// (locking.Identifier): the value of the key <Prefix>/.fence-id, which the
-// first call that finds none puts, in one transaction, with a random value.
-// No lock key is named like it: theirs are <Prefix>/<escaped key>/...
-// A cluster restarted with its data, or restored from a snapshot, keeps
-// it; a new cluster has none, so it gives a new identity. The cluster ID
-// would not do: it is a hash of the members' peer URLs and the
-// initial-cluster-token, so a cluster rebuilt with the same settings (every
-// default single-node etcd) has the old one, with revisions from 1 again.
+// (locking.Identifier): the value of <Prefix>/.fence-id, put with a random
+// value by the first call that finds none. It goes wherever the data goes;
+// the cluster ID would not do (docs/locks/etcd.md).
 func (l *Locker) Identity(ctx context.Context) (string, error) {
 	key, mine := l.cfg.Prefix+"/.fence-id", rand.Text()
 	resp, err := l.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).

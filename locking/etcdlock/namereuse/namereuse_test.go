@@ -1,4 +1,4 @@
-package etcdlock_test
+package namereuse_test
 
 import (
 	"context"
@@ -9,12 +9,91 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/etcdlock"
+	"github.com/oversold-lab/oversold/locking/etcdlock/namereuse"
+	"github.com/oversold-lab/oversold/locking/etcdlock/quickwake"
 )
+
+func TestMain(m *testing.M) { testbed.Main(m) }
+
+// ttl is etcd's minimum lease TTL with default election settings.
+const ttl = 2 * time.Second
+
+// locker is an etcdlock.Locker that names its keys with namereuse.
+type locker struct {
+	*etcdlock.Locker
+	mu    sync.Mutex
+	names *namereuse.Names // the current session's
+	wait  *hookWaiter
+}
+
+// hookWaiter calls before, if set, when a waiter has found its predecessor
+// and is about to watch it.
+type hookWaiter struct {
+	etcdlock.Waiter
+	before func()
+}
+
+func (w *hookWaiter) WaitDelete(ctx context.Context, cli *clientv3.Client, pred *mvccpb.KeyValue, seen int64) error {
+	if w.before != nil {
+		w.before()
+	}
+	return w.Waiter.WaitDelete(ctx, cli, pred, seen)
+}
+
+// newLocker opens a Locker whose waiters wait with w (the recipe's when nil).
+func newLocker(t *testing.T, endpoints []string, w etcdlock.Waiter) *locker {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w == nil {
+		w = etcdlock.WatchDelete{}
+	}
+	l := &locker{wait: &hookWaiter{Waiter: w}}
+	cfg := etcdlock.Config{TTL: ttl, Wait: l.wait, Names: func() etcdlock.Namer {
+		ns := namereuse.New().(*namereuse.Names)
+		l.mu.Lock()
+		l.names = ns
+		l.mu.Unlock()
+		return ns
+	}}
+	if l.Locker, err = etcdlock.New(t.Context(), cli, cfg); err != nil {
+		cli.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		l.Close()
+		cli.Close()
+	})
+	return l
+}
+
+func (l *locker) current() *namereuse.Names {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.names
+}
+
+// queue is the prefix of key's queue.
+func queue(key string) string { return etcdlock.DefaultPrefix + "/" + url.PathEscape(key) + "/" }
+
+// withClient runs f on a fresh client, closed before it returns.
+func withClient(endpoints []string, f func(*clientv3.Client) error) error {
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return f(c)
+}
 
 // names lists the keys in key's queue, oldest first.
 func names(t *testing.T, endpoints []string, key string) []string {
@@ -40,7 +119,7 @@ func names(t *testing.T, endpoints []string, key string) []string {
 // names of their own: the second waits for the first.
 func TestHotKeyReusesName(t *testing.T) {
 	endpoints := testbed.Etcd(t)
-	l := newLocker(t, endpoints)
+	l := newLocker(t, endpoints, nil)
 	key := testbed.Prefix(t) + "/sku"
 	seen := map[string]bool{}
 	for range 10 {
@@ -90,7 +169,7 @@ func TestHotKeyReusesName(t *testing.T) {
 // the lock under its holder.
 func TestUnansweredReleaseRetiresName(t *testing.T) {
 	endpoints := testbed.Etcd(t)
-	l := newLocker(t, endpoints)
+	l := newLocker(t, endpoints, nil)
 	key := testbed.Prefix(t) + "/sku"
 	lease, err := l.Acquire(t.Context(), key)
 	if err != nil {
@@ -121,7 +200,7 @@ func TestUnansweredReleaseRetiresName(t *testing.T) {
 // land would free the lock under the next holder of that name).
 func TestForgottenKeyKeepsNamesRetired(t *testing.T) {
 	endpoints := testbed.Etcd(t)
-	l := newLocker(t, endpoints)
+	l := newLocker(t, endpoints, nil)
 	key := testbed.Prefix(t) + "/sku"
 	holder, err := l.Acquire(t.Context(), key)
 	if err != nil {
@@ -146,7 +225,7 @@ func TestForgottenKeyKeepsNamesRetired(t *testing.T) {
 		t.Fatal("Release with a cancelled ctx reported success")
 	}
 	waitFor(t, func() bool { return len(names(t, endpoints, key)) == 0 }) // the background deletes
-	if n := etcdlock.NameEntries(l); n != 0 {
+	if n := l.current().Entries(); n != 0 {
 		t.Errorf("an idle key with retired names: the session keeps %d entries, want 0", n)
 	}
 
@@ -176,10 +255,10 @@ func TestForgottenKeyKeepsNamesRetired(t *testing.T) {
 // another floor bucket: its turns, idle in between, keep reusing one name.
 func TestRetiredNameLeavesOtherKeysNames(t *testing.T) {
 	endpoints := testbed.Etcd(t)
-	l := newLocker(t, endpoints)
+	l := newLocker(t, endpoints, nil)
 	hot, cold := testbed.Prefix(t)+"/hot", ""
 	for i := 0; cold == "" && i < 100; i++ {
-		if k := fmt.Sprint(testbed.Prefix(t), "/cold", i); !etcdlock.SameFloor(l, hot, k) {
+		if k := fmt.Sprint(testbed.Prefix(t), "/cold", i); !l.current().SameFloor(queue(hot), queue(k)) {
 			cold = k
 		}
 	}
@@ -212,7 +291,7 @@ func TestRetiredNameLeavesOtherKeysNames(t *testing.T) {
 func TestIdleKeysLeaveNoNames(t *testing.T) {
 	const keys = 50
 	endpoints := testbed.Etcd(t)
-	l, other := newLocker(t, endpoints), newLocker(t, endpoints)
+	l, other := newLocker(t, endpoints, nil), newLocker(t, endpoints, nil)
 	base := testbed.Prefix(t) + "/k"
 	queued := func() int64 {
 		var n int64
@@ -264,17 +343,24 @@ func TestIdleKeysLeaveNoNames(t *testing.T) {
 		}
 	}
 	waitFor(t, func() bool { return queued() == 0 }) // the background deletes
-	if n := etcdlock.NameEntries(l); n != 0 {
+	if n := l.current().Entries(); n != 0 {
 		t.Errorf("%d idle keys with retired names: the session keeps %d entries, want 0", keys, n)
 	}
 }
 
 // A waiter whose predecessor's name is deleted and made again between its
 // look at the queue and its watch does not wait for the new key, which is
-// behind it (and waits for it): it looks again and holds the lock.
+// behind it (and waits for it): it looks again and holds the lock. Both
+// waiters: the recipe's and quickwake's.
 func TestWaiterSkipsReusedName(t *testing.T) {
+	for name, w := range map[string]etcdlock.Waiter{"recipe": etcdlock.WatchDelete{}, "quickwake": quickwake.Waiter{}} {
+		t.Run(name, func(t *testing.T) { waiterSkipsReusedName(t, w) })
+	}
+}
+
+func waiterSkipsReusedName(t *testing.T, w etcdlock.Waiter) {
 	endpoints := testbed.Etcd(t)
-	a, b := newLocker(t, endpoints), newLocker(t, endpoints)
+	a, b := newLocker(t, endpoints, w), newLocker(t, endpoints, w)
 	key := testbed.Prefix(t) + "/sku"
 	held, err := a.Acquire(t.Context(), key)
 	if err != nil {
@@ -285,7 +371,7 @@ func TestWaiterSkipsReusedName(t *testing.T) {
 		aAgain  = make(chan locking.Lease, 1)
 		oldName = names(t, endpoints, key)[0]
 	)
-	etcdlock.BeforeWatch(b, func() {
+	b.wait.before = func() {
 		once.Do(func() {
 			if err := held.Release(context.Background()); err != nil {
 				t.Error(err)
@@ -300,7 +386,7 @@ func TestWaiterSkipsReusedName(t *testing.T) {
 			// a's key again, now behind b's.
 			waitFor(t, func() bool { n := names(t, endpoints, key); return len(n) == 2 && n[1] == oldName })
 		})
-	})
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	lease, err := b.Acquire(ctx, key)
