@@ -2,7 +2,6 @@ package faults
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"net/http"
 	"time"
@@ -64,7 +63,7 @@ func (f *failover) injectSoldOut(ctx context.Context, run *loadtest.Run) error {
 		notFired(run, err)
 		return nil
 	}
-	stock, _ := mysqlStock(ctx, run.Servers.MySQLDSN, run.FaultSKU)
+	stock, _ := inventoryColumn(ctx, run.Servers.MySQLDSN, "stock", run.FaultSKU)
 	t0 := time.Now()
 	if err := f.master.Kill(); err != nil {
 		return err
@@ -115,7 +114,7 @@ func afterSoldOut(ctx context.Context, run *loadtest.Run, d *driver, r *loadtest
 			run.Recovered(time.Since(t0))
 		}
 	}
-	stock, err := mysqlStock(ctx, run.Servers.MySQLDSN, run.FaultSKU)
+	stock, err := inventoryColumn(ctx, run.Servers.MySQLDSN, "stock", run.FaultSKU)
 	if err != nil {
 		return err
 	}
@@ -128,16 +127,4 @@ func afterSoldOut(ctx context.Context, run *loadtest.Run, d *driver, r *loadtest
 		run.Eventf("all %d orders after the failover were refused (409): MySQL's stock is %d; guard %s refuses what MySQL does not hold", answered, stock, run.Spec.Guard)
 	}
 	return nil
-}
-
-// mysqlStock is sku's stock in MySQL.
-func mysqlStock(ctx context.Context, dsn, sku string) (int64, error) {
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	var stock int64
-	err = db.QueryRowContext(ctx, "SELECT stock FROM inventory WHERE sku = ?", sku).Scan(&stock)
-	return stock, err
 }

@@ -415,14 +415,20 @@ func counter(ctx context.Context, c *redis.Client, key string) uint64 {
 
 // mysqlFence is the fence MySQL keeps for sku (the guard fencing's).
 func mysqlFence(ctx context.Context, dsn, sku string) (uint64, error) {
+	n, err := inventoryColumn(ctx, dsn, "fence", sku)
+	return uint64(n), err
+}
+
+// inventoryColumn reads one column ("stock", "fence") of sku's row.
+func inventoryColumn(ctx context.Context, dsn, column, sku string) (int64, error) {
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
 		return 0, err
 	}
 	defer db.Close()
-	var fence uint64
-	err = db.QueryRowContext(ctx, "SELECT fence FROM inventory WHERE sku = ?", sku).Scan(&fence)
-	return fence, err
+	var n int64
+	err = db.QueryRowContext(ctx, "SELECT "+column+" FROM inventory WHERE sku = ?", sku).Scan(&n)
+	return n, err
 }
 
 // waitFor polls check every 50ms until it returns nil, for at most limit.
