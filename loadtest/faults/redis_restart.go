@@ -79,7 +79,11 @@ func RedisRestart() loadtest.Fault {
 				return err
 			}
 			run.Disrupted("", t0)
-			run.Fired("%s holds the lock; Redis killed (SIGKILL) and restarted empty in %s", c, since(t0))
+			what := "holds the lock"
+			if run.Spec.Backend == "none" {
+				what = "is inside its flow (no lock; the gate's take and the cache read done)"
+			}
+			run.Fired("%s %s; Redis killed (SIGKILL) and restarted empty in %s", c, what, since(t0))
 			racePair(ctx, d, c, next, ttl(run)/3+lockWait)
 			d.wait(ctx, first, faultLimit/2)
 			return nil
@@ -101,7 +105,11 @@ func racePair(ctx context.Context, d *driver, first *hookCall, next *loadtest.Re
 	if err != nil {
 		run.Eventf("no second holder of %s: %v", first.SKU, err)
 	} else {
-		run.Eventf("%s holds the same lock %s later: two holders; both go on", c2, since(t0))
+		if run.Spec.Backend == "none" {
+			run.Eventf("%s is inside its flow on the same SKU %s later; both go on", c2, since(t0))
+		} else {
+			run.Eventf("%s holds the same lock %s later: two holders; both go on", c2, since(t0))
+		}
 		c2.Answer()
 	}
 	first.Answer()
