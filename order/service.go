@@ -82,6 +82,9 @@ type Config struct {
 	FaultHook func(ctx context.Context, at HookPoint, h HookInfo)
 	// Gate is the stock gate (gate.go); nil: OVERSOLD_GATE=none.
 	Gate StockGate
+	// Queue is the order queue (queue.go), on the gate's Redis; nil:
+	// OVERSOLD_ACCEPT=sync. It needs Gate.
+	Queue OrderQueue
 }
 
 // HookPoint names where in the flow Config.FaultHook is called.

@@ -162,7 +162,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		if errors.Is(err, order.ErrMixedSettings) {
 			// The newcomer of a rollout that changes these: the replicas
 			// already serving go on (deploy/k8s/README.md, "Rolling updates").
-			return &configError{Var: "OVERSOLD_LOCK, OVERSOLD_GUARD", Err: err}
+			return &configError{Var: "OVERSOLD_LOCK, OVERSOLD_GUARD, OVERSOLD_GATE, OVERSOLD_ACCEPT", Err: err}
 		}
 		if errors.Is(err, locking.ErrUnavailable) { // the lock servers' identity unread
 			return &configError{Var: lockVar[cfg.Lock], Err: err}

@@ -117,6 +117,11 @@ func TestBinary(t *testing.T) {
 		t.Parallel()
 		gateRefuses(t, bin)
 	})
+	t.Run("queue without gate", func(t *testing.T) {
+		t.Parallel()
+		exitsWithOneLine(t, command(bin, "OVERSOLD_ACCEPT=queue"),
+			"orderd: OVERSOLD_ACCEPT: queue takes the stock at the gate, and OVERSOLD_GATE=none (want OVERSOLD_GATE=redis, or accept sync)\n")
+	})
 	t.Run("answers a long batch through shutdown", func(t *testing.T) {
 		t.Parallel()
 		answersLongBatch(t, bin)
