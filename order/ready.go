@@ -87,6 +87,12 @@ func (s *Service) Start(ctx context.Context) error {
 	if reset {
 		s.log.Warn("the lock backend, its servers or the guard changed: fences moved to a new epoch", "lock", s.cfg.Lock, "lock_id", id, "guard", s.cfg.Guard, "epoch", epoch)
 	}
+	if s.cfg.Queue != nil {
+		if err := s.cfg.Queue.Group(ctx); err != nil {
+			return unannounce(fmt.Errorf("%w: %w", ErrUnavailable, err))
+		}
+		s.heartbeat.Go(s.consume)
+	}
 	s.heartbeat.Go(s.sweepLoop)
 	s.heartbeat.Go(func() {
 		t := time.NewTicker(heartbeatEvery)

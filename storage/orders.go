@@ -52,6 +52,10 @@ type Write struct {
 	// pair (Epoch, Token) with the row's (see fenceBelow).
 	Epoch uint64
 	Token uint64
+	// Queued: the orders came through the queue; each one's confirmed
+	// outcome (QueuedOrder) is inserted with it, and an order that has an
+	// outcome already is ErrDuplicate.
+	Queued bool
 }
 
 // sku is the SKU of the write's orders.
@@ -166,6 +170,9 @@ func insertOrder(tx *gorm.DB, w Write) error {
 		return err
 	}
 	err := tx.Create(&w.Orders).Error
+	if err == nil && w.Queued {
+		err = tx.Create(queuedRows(w.Orders)).Error
+	}
 	if mysqlErrno(err) == errDupEntry {
 		return fmt.Errorf("%w: %w", ErrDuplicate, err)
 	}

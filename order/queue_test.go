@@ -1,0 +1,207 @@
+package order_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oversold-lab/oversold/inventory"
+	"github.com/oversold-lab/oversold/order"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// queueReplica is one started replica with the gate and accept queue;
+// locker nil means lock=none.
+func (f *fixture) queueReplica(locker order.Locker, cfg order.Config) *order.Service {
+	f.t.Helper()
+	g := f.gate()
+	cfg.Gate, cfg.Queue = g, g.Queue()
+	s := f.service(locker, cfg)
+	if err := s.Start(f.t.Context()); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// settledWithin polls GET /v1/orders/{id} until the order is no longer
+// pending, and returns it; an order still pending after bound fails the
+// test (the bound is the consumer's, far above what it takes).
+func settledWithin(t *testing.T, h http.Handler, id string, bound time.Duration) order.Order {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for {
+		rec := call(h, http.MethodGet, "/v1/orders/"+id, "")
+		if rec.Code != http.StatusOK {
+			t.Fatalf("GET order %s: %d %s", id, rec.Code, rec.Body)
+		}
+		o := decodeOrder(t, rec)
+		if o.Status != order.StatusPending {
+			return o
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("order %s still pending after %v", id, bound)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// queueLen is the number of entries in the stream.
+func (f *fixture) queueLen() int64 {
+	f.t.Helper()
+	n, err := f.gate().Queue().Len(context.WithoutCancel(f.t.Context()))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}
+
+// TestQueueAcceptsThenConfirms: an order is answered 202 pending, then
+// shown confirmed once the consumer wrote it; MySQL holds it once, the gate
+// has nothing in flight and the stream is empty (acknowledged and deleted).
+func TestQueueAcceptsThenConfirms(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("q-confirm", 5)
+	h := f.queueReplica(nil, order.Config{Guard: storage.GuardAtomic}).Handler()
+	rec := post(h, "q-confirm", 2, "Idempotency-Key", "qc-1")
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("status %d body %s, want 202", rec.Code, rec.Body)
+	}
+	o := decodeOrder(t, rec)
+	if o.Status != "pending" || o.ID == "" || o.Quantity != 2 {
+		t.Fatalf("accepted %+v, want pending with an id", o)
+	}
+	got := settledWithin(t, h, o.ID, 10*time.Second)
+	if got.Status != "confirmed" || got.Reason != "" || !got.CreatedAt.Equal(o.CreatedAt) {
+		t.Fatalf("settled %+v, want confirmed, created when accepted (%v)", got, o.CreatedAt)
+	}
+	if a := f.audit("q-confirm"); a.Stock != 3 || a.Orders != 1 || a.Ordered != 2 {
+		t.Fatalf("audit %+v, want stock 3 and one order of 2", a)
+	}
+	f.wantSettled("q-confirm")
+	if n := f.queueLen(); n != 0 {
+		t.Errorf("stream holds %d entries after the confirm, want 0", n)
+	}
+	// A replay now finds the confirmed order in MySQL.
+	if rec := post(h, "q-confirm", 2, "Idempotency-Key", "qc-1"); rec.Code != http.StatusOK || decodeOrder(t, rec).Status != "confirmed" {
+		t.Fatalf("replay after the confirm: %d %s, want 200 confirmed", rec.Code, rec.Body)
+	}
+}
+
+// TestQueueOutOfStockAtTheGate: an order the gate cannot cover is 409
+// out_of_stock at once, and nothing is appended to the stream.
+func TestQueueOutOfStockAtTheGate(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("q-short", 1)
+	h := f.queueReplica(nil, order.Config{Guard: storage.GuardAtomic}).Handler()
+	wantCode(t, post(h, "q-short", 2), http.StatusConflict, "out_of_stock")
+	if n := f.queueLen(); n != 0 {
+		t.Fatalf("stream holds %d entries after a refusal, want 0", n)
+	}
+	if c := f.counter("q-short"); c.Stock != 1 || c.Held != 0 {
+		t.Fatalf("gate counter %+v after a refusal, want stock 1, held 0", c)
+	}
+	wantCode(t, post(h, "q-none", 1), http.StatusNotFound, "unknown_sku")
+}
+
+// TestQueueReplay: an Idempotency-Key replayed while its order is pending
+// returns that order (no second take), once confirmed returns it
+// confirmed, and with another body is 422 and changes nothing.
+func TestQueueReplay(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("q-replay", 10)
+	// No consumer yet: a queue replica that is not started.
+	g := f.gate()
+	idle := f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: g, Queue: g.Queue()}).Handler()
+	first := post(idle, "q-replay", 3, "Idempotency-Key", "qr")
+	if first.Code != http.StatusAccepted {
+		t.Fatalf("status %d body %s, want 202", first.Code, first.Body)
+	}
+	id := decodeOrder(t, first).ID
+	again := post(idle, "q-replay", 3, "Idempotency-Key", "qr")
+	if o := decodeOrder(t, again); again.Code != http.StatusOK || o.ID != id || o.Status != "pending" {
+		t.Fatalf("replay while pending: %d %s, want 200 pending %s", again.Code, again.Body, id)
+	}
+	wantCode(t, post(idle, "q-replay", 4, "Idempotency-Key", "qr"), http.StatusUnprocessableEntity, "idempotency_key_reused")
+	if c := f.counter("q-replay"); c.Stock != 7 || c.Held != 3 {
+		t.Fatalf("gate counter %+v, want one take of 3", c)
+	}
+	h := f.queueReplica(nil, order.Config{Instance: "r2", Guard: storage.GuardAtomic}).Handler()
+	if o := settledWithin(t, h, id, 10*time.Second); o.Status != "confirmed" {
+		t.Fatalf("settled %+v, want confirmed", o)
+	}
+	for _, hh := range []http.Handler{idle, h} {
+		rec := post(hh, "q-replay", 3, "Idempotency-Key", "qr")
+		if o := decodeOrder(t, rec); rec.Code != http.StatusOK || o.ID != id || o.Status != "confirmed" {
+			t.Fatalf("replay once confirmed: %d %s, want 200 confirmed %s", rec.Code, rec.Body, id)
+		}
+		wantCode(t, post(hh, "q-replay", 4, "Idempotency-Key", "qr"), http.StatusUnprocessableEntity, "idempotency_key_reused")
+	}
+	if a := f.audit("q-replay"); a.Stock != 7 || a.Orders != 1 {
+		t.Fatalf("audit %+v, want one order of 3", a)
+	}
+	f.wantSettled("q-replay")
+}
+
+// TestQueueConcurrentReplicas: orders released at once on three replicas
+// under a redis lock never oversell the gate or MySQL, and every accepted
+// order ends confirmed; the rest are refused at the gate.
+func TestQueueConcurrentReplicas(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const stock, clients = 40, 120
+	f.stock("q-race", stock)
+	var hs []http.Handler
+	for i := range 3 {
+		hs = append(hs, f.queueReplica(f.redisLocker(), order.Config{Instance: fmt.Sprintf("r%d", i+1), Lock: "redis",
+			Guard: storage.GuardVersion, LockWait: time.Minute}).Handler())
+	}
+	start := make(chan struct{})
+	var mu sync.Mutex
+	var accepted []string
+	codes := map[int]int{}
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			<-start
+			rec := post(hs[i%3], "q-race", 1, "Idempotency-Key", fmt.Sprint("race-", i))
+			mu.Lock()
+			defer mu.Unlock()
+			codes[rec.Code]++
+			if rec.Code == http.StatusAccepted {
+				accepted = append(accepted, decodeOrder(t, rec).ID)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if codes[http.StatusAccepted] != stock || codes[http.StatusConflict] != clients-stock {
+		t.Fatalf("answers %v, want %d 202 and %d 409", codes, stock, clients-stock)
+	}
+	for i, id := range accepted {
+		if o := settledWithin(t, hs[i%3], id, 30*time.Second); o.Status != "confirmed" {
+			t.Fatalf("order %s %+v, want confirmed", id, o)
+		}
+	}
+	if a := f.audit("q-race"); a.Stock != 0 || a.Orders != stock || a.Ordered != stock || a.DuplicateKeys != 0 {
+		t.Fatalf("audit %+v, want every unit sold once", a)
+	}
+	f.wantSettled("q-race")
+}
+
+// deadConsumer reads entries as a consumer of the group and never settles
+// them: a replica that died after its read.
+func (f *fixture) deadConsumer(n int) []inventory.Delivery {
+	f.t.Helper()
+	ds, err := f.gate().Queue().Read(f.t.Context(), "dead", n, time.Second)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return ds
+}
