@@ -205,3 +205,130 @@ func (f *fixture) deadConsumer(n int) []inventory.Delivery {
 	}
 	return ds
 }
+
+// TestQueueDeadConsumerClaimed: entries a consumer read and never settled
+// (it died after its read) are claimed by a live replica once idle past
+// the claim bound, and confirmed once each.
+func TestQueueDeadConsumerClaimed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("q-dead", 10)
+	g := f.gate()
+	// A replica that accepts and does not consume (not started).
+	front := f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: g, Queue: g.Queue()}).Handler()
+	if err := g.Queue().Group(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 4 {
+		rec := post(front, "q-dead", 1, "Idempotency-Key", fmt.Sprint("dead-", i))
+		if rec.Code != http.StatusAccepted {
+			t.Fatalf("status %d body %s, want 202", rec.Code, rec.Body)
+		}
+		ids = append(ids, decodeOrder(t, rec).ID)
+	}
+	if ds := f.deadConsumer(10); len(ds) != 4 {
+		t.Fatalf("the dead consumer read %d entries, want 4", len(ds))
+	}
+	h := f.queueReplica(nil, order.Config{Instance: "live", Guard: storage.GuardAtomic, ClaimIdle: time.Second}).Handler()
+	for _, id := range ids {
+		if o := settledWithin(t, h, id, 15*time.Second); o.Status != "confirmed" {
+			t.Fatalf("order %s %+v, want confirmed", id, o)
+		}
+	}
+	if a := f.audit("q-dead"); a.Stock != 6 || a.Orders != 4 || a.DuplicateKeys != 0 {
+		t.Fatalf("audit %+v, want 4 orders of 1", a)
+	}
+	f.wantSettled("q-dead")
+	if n := f.queueLen(); n != 0 {
+		t.Errorf("stream holds %d entries, want 0", n)
+	}
+}
+
+// unsettledQueue is a consumer that dies between its commit and its
+// settle: every Settle fails, so its entries stay pending.
+type unsettledQueue struct {
+	order.OrderQueue
+	tried chan struct{}
+	once  *sync.Once
+}
+
+func (q unsettledQueue) Settle(ctx context.Context, sku string, settled []inventory.Settled, keep time.Duration) error {
+	q.once.Do(func() { close(q.tried) })
+	return fmt.Errorf("died before the settle")
+}
+
+// TestQueueRedeliveryWritesOnce: a consumer commits a batch and dies
+// before acknowledging it; another replica claims the entries and, finding
+// their outcome in MySQL, settles them without writing them again.
+func TestQueueRedeliveryWritesOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("q-redo", 10)
+	g := f.gate()
+	tried := make(chan struct{})
+	dying := f.service(nil, order.Config{Instance: "dying", Guard: storage.GuardAtomic, Gate: g,
+		Queue: unsettledQueue{g.Queue(), tried, &sync.Once{}}, ClaimIdle: time.Hour})
+	if err := dying.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 3 {
+		var key []string // with a key and without: either is written once
+		if i%2 == 0 {
+			key = []string{"Idempotency-Key", fmt.Sprint("redo-", i)}
+		}
+		rec := post(dying.Handler(), "q-redo", 2, key...)
+		if rec.Code != http.StatusAccepted {
+			t.Fatalf("status %d body %s, want 202", rec.Code, rec.Body)
+		}
+		ids = append(ids, decodeOrder(t, rec).ID)
+	}
+	<-tried
+	dying.Close() // dead: its entries stay pending to it
+	if a := f.audit("q-redo"); a.Orders == 0 {
+		t.Fatalf("audit %+v: the dying consumer wrote nothing", a)
+	}
+	h := f.queueReplica(nil, order.Config{Instance: "heir", Guard: storage.GuardAtomic, ClaimIdle: time.Second}).Handler()
+	for _, id := range ids {
+		if o := settledWithin(t, h, id, 15*time.Second); o.Status != "confirmed" {
+			t.Fatalf("order %s %+v, want confirmed", id, o)
+		}
+	}
+	if a := f.audit("q-redo"); a.Stock != 4 || a.Orders != 3 || a.Ordered != 6 {
+		t.Fatalf("audit %+v, want 3 orders of 2, each written once", a)
+	}
+	f.wantSettled("q-redo")
+}
+
+// TestQueueRejected: an order MySQL cannot cover once written (its stock
+// was cut after the accept) is rejected with its reason, shown so by GET
+// and by a replay, and its quantity goes back to the gate.
+func TestQueueRejected(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.stock("q-rej", 5)
+	g := f.gate()
+	front := f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: g, Queue: g.Queue()}).Handler()
+	rec := post(front, "q-rej", 3, "Idempotency-Key", "rej")
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("status %d body %s, want 202", rec.Code, rec.Body)
+	}
+	id := decodeOrder(t, rec).ID
+	f.stock("q-rej", 1) // MySQL only, behind the gate's back
+	h := f.queueReplica(nil, order.Config{Instance: "r2", Guard: storage.GuardAtomic}).Handler()
+	o := settledWithin(t, h, id, 10*time.Second)
+	if o.Status != "rejected" || o.Reason != "out_of_stock" || o.Quantity != 3 {
+		t.Fatalf("settled %+v, want rejected, reason out_of_stock", o)
+	}
+	replay := post(front, "q-rej", 3, "Idempotency-Key", "rej")
+	if got := decodeOrder(t, replay); replay.Code != http.StatusOK || got.ID != id || got.Status != "rejected" {
+		t.Fatalf("replay: %d %s, want 200 rejected %s", replay.Code, replay.Body, id)
+	}
+	if c := f.counter("q-rej"); c.Stock != 5 || c.Held != 0 {
+		t.Fatalf("gate counter %+v, want the 3 given back (stock 5, held 0)", c)
+	}
+	if a := f.audit("q-rej"); a.Stock != 1 || a.Orders != 0 {
+		t.Fatalf("audit %+v, want nothing written", a)
+	}
+}
