@@ -149,19 +149,37 @@ func TestQueueReplay(t *testing.T) {
 	f.wantSettled("q-replay")
 }
 
-// TestQueueConcurrentReplicas: orders released at once on three replicas
-// under a redis lock never oversell the gate or MySQL, and every accepted
-// order ends confirmed; the rest are refused at the gate.
+// TestQueueConcurrentReplicas: orders released at once on three replicas,
+// under a redis lock with the version guard and under no lock with the
+// atomic guard, never oversell the gate or MySQL, and every accepted order
+// ends confirmed; the rest are refused at the gate; the stream ends empty.
 func TestQueueConcurrentReplicas(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	for _, c := range []struct {
+		name  string
+		guard storage.Guard
+		lock  bool
+	}{{"redis-version", storage.GuardVersion, true}, {"none-atomic", storage.GuardAtomic, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			var hs []http.Handler
+			for i := range 3 {
+				cfg := order.Config{Instance: fmt.Sprintf("r%d", i+1), Guard: c.guard, LockWait: time.Minute}
+				var locker order.Locker
+				if c.lock {
+					locker, cfg.Lock = f.redisLocker(), "redis"
+				}
+				hs = append(hs, f.queueReplica(locker, cfg).Handler())
+			}
+			raceQueue(t, f, hs)
+		})
+	}
+}
+
+func raceQueue(t *testing.T, f *fixture, hs []http.Handler) {
 	const stock, clients = 40, 120
 	f.stock("q-race", stock)
-	var hs []http.Handler
-	for i := range 3 {
-		hs = append(hs, f.queueReplica(f.redisLocker(), order.Config{Instance: fmt.Sprintf("r%d", i+1), Lock: "redis",
-			Guard: storage.GuardVersion, LockWait: time.Minute}).Handler())
-	}
 	start := make(chan struct{})
 	var mu sync.Mutex
 	var accepted []string
@@ -193,6 +211,9 @@ func TestQueueConcurrentReplicas(t *testing.T) {
 		t.Fatalf("audit %+v, want every unit sold once", a)
 	}
 	f.wantSettled("q-race")
+	if n := f.queueLen(); n != 0 {
+		t.Errorf("stream holds %d entries once every order settled, want 0", n)
+	}
 }
 
 // deadConsumer reads entries as a consumer of the group and never settles
