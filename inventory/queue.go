@@ -155,7 +155,7 @@ func (q *Queue) Read(ctx context.Context, consumer string, count int, block time
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("queue read: %w", err)
+		return nil, q.regroup(ctx, "queue read", err)
 	}
 	var ds []Delivery
 	for _, s := range streams {
@@ -172,9 +172,20 @@ func (q *Queue) Claim(ctx context.Context, consumer string, idle time.Duration, 
 		MinIdle: idle, Start: "0-0", Count: int64(count),
 	}).Result()
 	if err != nil {
-		return nil, fmt.Errorf("queue claim: %w", err)
+		return nil, q.regroup(ctx, "queue claim", err)
 	}
 	return deliveries(msgs), nil
+}
+
+// regroup answers a read's or a claim's error: a stream or group gone
+// missing (a Redis restarted without persistence, whose orders are lost
+// with it) is made again, and the next read finds what was accepted since;
+// any other error is returned.
+func (q *Queue) regroup(ctx context.Context, op string, err error) error {
+	if !strings.HasPrefix(err.Error(), "NOGROUP") {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return q.Group(ctx)
 }
 
 func deliveries(msgs []redis.XMessage) []Delivery {

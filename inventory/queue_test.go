@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/inventory"
 )
 
@@ -68,5 +71,36 @@ func TestQueueAcceptAndSettleOnce(t *testing.T) {
 	}
 	if prev, err := q.Accept(ctx, inventory.Queued{ID: "o4", SKU: "S", Quantity: 1, Key: "k"}); err != nil || prev != "o1" {
 		t.Fatalf("accept under a settled order's key: %q %v, want o1 (the marker outlives the settle)", prev, err)
+	}
+}
+
+// A stream and group gone (a Redis restarted without persistence) are made
+// again by the next read or claim, which then finds what is accepted since.
+func TestQueueRegroups(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	prefix := testbed.Prefix(t) + ":"
+	g := inventory.NewGate(rdb, prefix, "db")
+	q := g.Queue()
+	ctx := t.Context()
+	if err := g.Seed(ctx, "S", 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, read := range []func() ([]inventory.Delivery, error){
+		func() ([]inventory.Delivery, error) { return q.Claim(ctx, "c1", time.Millisecond, 10) },
+		func() ([]inventory.Delivery, error) { return q.Read(ctx, "c1", 10, 10*time.Millisecond) },
+	} {
+		if err := rdb.Del(ctx, prefix+"{db:gate}:queue").Err(); err != nil { // the restart
+			t.Fatal(err)
+		}
+		if _, err := read(); err != nil {
+			t.Fatalf("read after the stream went: %v", err)
+		}
+	}
+	if _, err := q.Accept(ctx, inventory.Queued{ID: "o1", SKU: "S", Quantity: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if ds, err := q.Read(ctx, "c1", 10, time.Second); err != nil || len(ds) != 1 {
+		t.Fatalf("read after the group was made again: %+v %v, want o1", ds, err)
 	}
 }
