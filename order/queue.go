@@ -212,22 +212,24 @@ func (s *Service) consume() {
 		}
 		cancel()
 	}()
+	// Reads and claims are not cancelled by ctx: one cut short may have
+	// been given entries, which would then wait for another claim. Each
+	// ends within its own bound.
 	var claimed time.Time
 	for ctx.Err() == nil {
 		var ds []inventory.Delivery
 		var err error
 		if time.Since(claimed) >= claimEvery {
 			claimed = time.Now()
-			ds, err = s.cfg.Queue.Claim(ctx, s.cfg.Instance, s.claimIdle(), s.cfg.BatchMax)
+			cctx, ccancel := context.WithTimeout(context.Background(), gateTimeout)
+			ds, err = s.cfg.Queue.Claim(cctx, s.cfg.Instance, s.claimIdle(), s.cfg.BatchMax)
+			ccancel()
 			if len(ds) > 0 {
 				s.metrics.queue.WithLabelValues("claimed").Add(float64(len(ds)))
 				s.log.Info("queue entries claimed", "entries", len(ds))
 			}
 		}
 		if err == nil && len(ds) == 0 {
-			// Not cancelled by ctx: a read cut short may have been given
-			// entries that would then wait for a claim. It ends within
-			// queueBlock.
 			rctx, rcancel := context.WithTimeout(context.Background(), queueBlock+gateTimeout)
 			ds, err = s.cfg.Queue.Read(rctx, s.cfg.Instance, s.cfg.BatchMax, queueBlock)
 			rcancel()
