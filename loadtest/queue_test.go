@@ -55,3 +55,21 @@ func TestDrainQueue(t *testing.T) {
 		t.Errorf("safe %v, verdict %q: want unsafe, naming the lost and the pending order", res.Safe, res.Verdict())
 	}
 }
+
+// The summary says what a queue run's 202s became, and a lost 202 is
+// damage.
+func TestQueueSummary(t *testing.T) {
+	n := func(v int) *int { return &v }
+	r := Result{Backend: "none", Guard: "atomic", Gate: "redis", Accept: "queue", Status: map[string]int{"202": 3},
+		Accepted: n(3), RejectedAfterAccept: n(1), LostAccepted: n(1), PendingLeft: n(0), ConfirmMS: &Wait{Count: 2, P50: 120, P99: 900}}
+	r.settle(nil)
+	got := strings.Join(Summary([]Result{r}), " ")
+	for _, want := range []string{
+		"none/atomic+gate+queue lost 1 accepted order",
+		"none/atomic+gate+queue answered 3 orders 202 (accepted, written later); each learned its outcome 120 ms after its 202 at the median, 900 ms at p99; 1 rejected after their 202, 1 lost, 0 still pending after the drain.",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("summary %q does not say %q", got, want)
+		}
+	}
+}
