@@ -3,6 +3,7 @@ package faults_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/oversold-lab/oversold/loadtest"
 )
@@ -206,6 +207,7 @@ func assertSafe(t *testing.T, r loadtest.Result) {
 func TestQueueConsumerKill(t *testing.T) {
 	spec := short("queue-consumer-kill", "none", "atomic")
 	spec.Gate, spec.Accept = "redis", "queue"
+	spec.WorkDelay = 20 * time.Millisecond // each batch stays read and unsettled for a while: the fault strikes one
 	r := runFault(t, spec)
 	assertFired(t, r)
 	assertSafe(t, r)
