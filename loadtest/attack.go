@@ -49,8 +49,9 @@ type AttackResult struct {
 	Throughput float64
 	Latency    Latency
 	OverTime   []Slice
-	OrderIDs   []string // the id of every order acknowledged with 201
-	Answers    []Answer // every request, answered (Code > 0) or not, in the order they ended
+	OrderIDs   []string   // the id of every order acknowledged with 201
+	Accepted   []Accepted // every order accepted with 202 (accept queue)
+	Answers    []Answer   // every request, answered (Code > 0) or not, in the order they ended
 }
 
 // Answer is one request: which SKU, what status and error code, when it
@@ -138,6 +139,9 @@ func Attack(ctx context.Context, spec AttackSpec) (*AttackResult, error) {
 			samples = append(samples, sample{sent: res.Timestamp, latency: res.Latency, code: int(res.Code)})
 			if res.Code == http.StatusCreated {
 				out.OrderIDs = append(out.OrderIDs, orderID(res.Body))
+			}
+			if res.Code == http.StatusAccepted {
+				out.Accepted = append(out.Accepted, Accepted{ID: orderID(res.Body), At: res.End()})
 			}
 		}
 		if spec.Progress != nil {

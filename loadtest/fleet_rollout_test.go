@@ -79,7 +79,7 @@ func TestRollingUpdate(t *testing.T) {
 		}
 	}
 	r, err := f.Add(t.Context(), map[string]string{"OVERSOLD_GUARD": "atomic"})
-	refused(r, err, "OVERSOLD_LOCK, OVERSOLD_GUARD: replicas of one database run other settings: live replica r1 runs lock=redis guard=version, this one lock=redis guard=atomic")
+	refused(r, err, "OVERSOLD_LOCK, OVERSOLD_GUARD, OVERSOLD_GATE, OVERSOLD_ACCEPT: replicas of one database run other settings: live replica r1 runs lock=redis guard=version, this one lock=redis guard=atomic")
 	sells(t, old, "after one refused newcomer")
 
 	var wg sync.WaitGroup

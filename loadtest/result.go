@@ -133,6 +133,19 @@ type Result struct {
 
 	// Gate is the replicas' OVERSOLD_GATE: "redis", or "" for none.
 	Gate string `json:"gate,omitempty"`
+
+	// Accept is the replicas' OVERSOLD_ACCEPT: "queue", or "" for sync.
+	// Queue runs also carry what became of their 202s once the run has
+	// drained (queue.go): Accepted (202s), RejectedAfterAccept, LostAccepted
+	// (202s whose order MySQL holds neither confirmed nor rejected, and that
+	// no replica shows pending), PendingLeft (still pending after the drain
+	// bound) and ConfirmMS (from the 202 to the order's final status).
+	Accept              string `json:"accept,omitempty"`
+	Accepted            *int   `json:"accepted,omitempty"`
+	RejectedAfterAccept *int   `json:"rejected_after_accept,omitempty"`
+	LostAccepted        *int   `json:"lost_accepted,omitempty"`
+	PendingLeft         *int   `json:"pending_left,omitempty"`
+	ConfirmMS           *Wait  `json:"confirm_ms,omitempty"`
 }
 
 // Phases is how long each step of a run took, in seconds of wall time.
@@ -183,6 +196,9 @@ func (r Result) Name() string {
 	if r.Gate != "" {
 		name += "+gate"
 	}
+	if r.Accept != "" {
+		name += "+" + r.Accept
+	}
 	switch {
 	case r.Fault != "":
 		name += "+" + r.Fault // the reservations' faults say their workload
@@ -195,10 +211,14 @@ func (r Result) Name() string {
 // Config is the run's configuration, what a team would choose:
 // "redis/fencing" or "none/atomic+gate", without the fault or the workload.
 func (r Result) Config() string {
+	name := r.Backend + "/" + r.Guard
 	if r.Gate != "" {
-		return r.Backend + "/" + r.Guard + "+gate"
+		name += "+gate"
 	}
-	return r.Backend + "/" + r.Guard
+	if r.Accept != "" {
+		name += "+" + r.Accept
+	}
+	return name
 }
 
 // Verdict says in words what the invariants found.
@@ -224,6 +244,12 @@ func (r Result) Verdict() string {
 	}
 	if r.Duplicates > 0 {
 		bad = append(bad, fmt.Sprintf("%d DUPLICATES", r.Duplicates))
+	}
+	if !zero(r.LostAccepted) {
+		bad = append(bad, fmt.Sprintf("%d LOST ACCEPTED", *r.LostAccepted))
+	}
+	if !zero(r.PendingLeft) {
+		bad = append(bad, fmt.Sprintf("%d PENDING LEFT", *r.PendingLeft))
 	}
 	for _, v := range r.Violations {
 		bad = append(bad, "VIOLATED: "+v)

@@ -53,11 +53,13 @@ type Spec struct {
 	Workload string
 	// Gate is OVERSOLD_GATE: "redis", or "" for none.
 	Gate string
+	// Accept is OVERSOLD_ACCEPT: "queue" (which needs Gate), or "" for sync.
+	Accept string
 }
 
 // Name is the run's label, as in Result.Name.
 func (s Spec) Name() string {
-	return Result{Backend: s.Backend, Guard: s.Guard, Fault: s.Fault, Workload: s.Workload, Gate: s.Gate}.Name()
+	return Result{Backend: s.Backend, Guard: s.Guard, Fault: s.Fault, Workload: s.Workload, Gate: s.Gate, Accept: s.Accept}.Name()
 }
 
 // Fault disturbs a run. Both steps are optional.
@@ -277,7 +279,7 @@ func (s Spec) result() Result {
 		Requests: s.Requests, Status: map[string]int{}, SKUs: s.SKUs,
 		Rate: s.Rate, Workers: s.Workers, Seed: s.Seed, Topology: s.Topology,
 		WorkDelay: s.WorkDelay.String(), LockTTL: s.LockTTL.String(), Workload: s.Workload,
-		Gate: s.Gate,
+		Gate: s.Gate, Accept: s.Accept,
 	}
 }
 
@@ -287,7 +289,8 @@ func (r *Result) settle(err error) {
 		r.Error = err.Error()
 	}
 	r.Safe = r.Error == "" && !r.NotApplicable && r.Oversold == 0 && r.LostUpdates == 0 && r.LostAcks == 0 && r.Duplicates == 0 && len(r.Violations) == 0 &&
-		zero(r.ReservedLeft) && zero(r.DoubleSettled) && zero(r.StuckHolds) && zero(r.LedgerMismatch)
+		zero(r.ReservedLeft) && zero(r.DoubleSettled) && zero(r.StuckHolds) && zero(r.LedgerMismatch) &&
+		zero(r.LostAccepted) && zero(r.PendingLeft)
 }
 
 func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, progress func(int)) error {
@@ -402,6 +405,15 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	// The balancer goes first: connections it opened and never used would
 	// hold a replica's graceful shutdown for seconds.
 	closeBalancer()
+	if spec.Accept == "queue" { // the replicas write the backlog before they stop
+		urls := []string{base}
+		if run.Fleet != nil {
+			urls = run.Fleet.URLs()
+		}
+		if err := drainQueue(ctx, rn.DB, urls, atk.Accepted, queueDrainBound, res); err != nil {
+			return err
+		}
+	}
 
 	var leases []LeaseRecord
 	var writes []WriteRecord
@@ -481,7 +493,9 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		return err
 	}
 	res.InitialStock, res.FinalStock, res.OrderedQuantity = inv.InitialStock, inv.FinalStock, inv.OrderedQuantity
-	checkHistory(ctx, rn.DB, spec, skus, atk.Answers, res)
+	if spec.Accept == "" { // a 202 says nothing of the write: the sync model does not apply
+		checkHistory(ctx, rn.DB, spec, skus, atk.Answers, res)
+	}
 	res.Oversold, res.LostUpdates, res.LostAcks, res.Duplicates = inv.Oversold, inv.LostUpdates, inv.LostAcks, inv.Duplicates
 	res.Undersold = inv.Undersold
 	if spec.Gate != "" && inv.Undersold > 0 {
@@ -640,6 +654,7 @@ func (rn *Runner) replicaEnv(spec Spec, srv Servers) map[string]string {
 		}
 	}
 	set("OVERSOLD_GATE", spec.Gate)
+	set("OVERSOLD_ACCEPT", spec.Accept)
 	set("OVERSOLD_REDIS_ADDR", srv.RedisAddr)
 	set("OVERSOLD_REDLOCK_ADDRS", strings.Join(srv.RedlockAddrs, ","))
 	set("OVERSOLD_ZK_SERVERS", strings.Join(srv.ZKServers, ","))

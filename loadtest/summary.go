@@ -76,8 +76,28 @@ func Summary(results []Result) []string {
 	}
 
 	out = append(out, historySummary(ran)...)
+	out = append(out, queueSummary(ran)...)
 
 	return append(out, Pick(ran)...)
+}
+
+// queueSummary says, for each run with accept queue, what its 202s
+// became and how long a customer waited to learn it: a 202 is not a
+// sale, and its req/s is not comparable to a 201's without it.
+func queueSummary(ran []Result) []string {
+	var out []string
+	for _, r := range ran {
+		if r.Accepted == nil {
+			continue
+		}
+		s := fmt.Sprintf("%s answered %d %s 202 (accepted, written later)", r.Name(), *r.Accepted, plural(*r.Accepted, "order", "orders"))
+		if c := r.ConfirmMS; c != nil {
+			s += fmt.Sprintf("; each learned its outcome %.0f ms after its 202 at the median, %.0f ms at p99", c.P50, c.P99)
+		}
+		s += fmt.Sprintf("; %d rejected after their 202, %d lost, %d still pending after the drain.", *r.RejectedAfterAccept, *r.LostAccepted, *r.PendingLeft)
+		out = append(out, s)
+	}
+	return out
 }
 
 // config is one configuration's runs of direct orders in a report.
@@ -294,6 +314,12 @@ func damage(r Result) string {
 	}
 	if r.Duplicates > 0 {
 		parts = append(parts, fmt.Sprintf("%d duplicated %s", r.Duplicates, plural(r.Duplicates, "key", "keys")))
+	}
+	if !zero(r.LostAccepted) {
+		parts = append(parts, fmt.Sprintf("lost %d accepted %s", *r.LostAccepted, plural(*r.LostAccepted, "order", "orders")))
+	}
+	if !zero(r.PendingLeft) {
+		parts = append(parts, fmt.Sprintf("left %d accepted %s pending", *r.PendingLeft, plural(*r.PendingLeft, "order", "orders")))
 	}
 	if len(r.Violations) > 0 {
 		parts = append(parts, fmt.Sprintf("%d %s", len(r.Violations), plural(len(r.Violations), "violation", "violations")))

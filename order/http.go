@@ -87,6 +87,10 @@ func (s *Service) placed(c echo.Context, o Order, replayed bool) error {
 		s.log.Info("order replayed", "sku", o.SKU, "order_id", o.ID)
 		return c.JSON(http.StatusOK, o)
 	}
+	if o.Status == StatusPending { // accept queue: written later
+		s.metrics.orders.WithLabelValues("accepted").Inc()
+		return c.JSON(http.StatusAccepted, o)
+	}
 	s.metrics.orders.WithLabelValues("created").Inc()
 	s.log.Info("order placed", "sku", o.SKU, "order_id", o.ID, "quantity", o.Quantity, "token", o.Token)
 	return c.JSON(http.StatusCreated, o)
@@ -138,11 +142,11 @@ func (s *Service) getOrder(c echo.Context) error {
 	if u, err := uuid.Parse(id); err != nil || u.String() != id {
 		return fmt.Errorf("order %q: %w", id, storage.ErrNotFound)
 	}
-	o, err := s.store.Order(c.Request().Context(), id)
+	o, err := s.orderView(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, fromStorage(o))
+	return c.JSON(http.StatusOK, o)
 }
 
 // getInventory: GET /v1/inventory/{sku}, from MySQL, the truth.

@@ -12,12 +12,12 @@ import (
 )
 
 // Outcomes of POST /v1/orders, the values of the outcome label: created
-// (201), replayed (200), the error codes of the API (invalid for
+// (201), accepted (202, accept queue), replayed (200), the error codes of the API (invalid for
 // invalid_request; unavailable is the lock service failing), and error for
 // anything unanticipated, such as MySQL or Redis failing mid-request or the
 // client leaving.
 var outcomes = []string{
-	"created", "replayed", "out_of_stock", "conflict", "lock_lost",
+	"created", "accepted", "replayed", "out_of_stock", "conflict", "lock_lost",
 	"lock_timeout", "unavailable", "invalid", "unknown_sku", "error",
 }
 
@@ -41,6 +41,7 @@ type Metrics struct {
 	// Reservations (reservations.go, sweeper.go).
 	reservations  *prometheus.CounterVec // by op (hold, confirm, cancel, expire) and outcome
 	gate          *prometheus.CounterVec // stock gate takes by outcome
+	queue         *prometheus.CounterVec // queued orders by outcome
 	stockReserved prometheus.Gauge       // stock held by reservations, all SKUs
 	sweepLag      prometheus.Gauge       // now - the oldest due hold, by MySQL's clock
 }
@@ -100,6 +101,10 @@ func NewMetrics(replica, lock string, guard storage.Guard) *Metrics {
 	m.gate = f.NewCounterVec(prometheus.CounterOpts{
 		Name: "oversold_gate_total",
 		Help: "Stock gate takes by outcome: taken, short, done, given_back, back_checked.",
+	}, []string{"outcome"})
+	m.queue = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "oversold_queue_total",
+		Help: "Queued orders (accept queue) by outcome: accepted, confirmed, rejected, claimed (from a consumer that did not settle them), redelivered (settled in MySQL before).",
 	}, []string{"outcome"})
 	m.reservations = f.NewCounterVec(prometheus.CounterOpts{
 		Name: "oversold_reservations_total",

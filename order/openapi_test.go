@@ -981,6 +981,16 @@ func TestOpenAPIStatuses(t *testing.T) {
 	f.stock("stale", 5)
 	stale := f.serviceWith(f.openStore(), func(c order.Cache) order.Cache { return staleCache{c} }, local.New(), order.Config{Lock: "local"}).Handler()
 
+	// Accept queue: a replica that queues and does not consume (not
+	// started), so its order stays pending; and a rejected order.
+	g := f.gate()
+	queue := f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: g, Queue: g.Queue()}).Handler()
+	rejected := "0190a5c8-0000-7000-8000-0000000000aa"
+	if _, err := f.store.RejectQueued(ctx, storage.QueuedOrder{ID: rejected, SKU: "widget", Quantity: 1, Reason: "out_of_stock",
+		Instance: "r1", Lock: "none", CreatedAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+
 	f.stock("down", 5)
 	lockDown := f.service(downLocker{}, order.Config{Lock: "redis"}).Handler()
 	mysqlDown := f.serviceWith(downStore{f.openStore()}, nil, nil, admin).Handler()
@@ -1049,7 +1059,11 @@ func TestOpenAPIStatuses(t *testing.T) {
 		{name: "lock timeout", h: timeout, method: "POST", path: "/v1/orders", body: `{"sku":"held","quantity":1}`, status: 503, code: "lock_timeout"},
 		{name: "lock backend down", h: lockDown, method: "POST", path: "/v1/orders", body: `{"sku":"down","quantity":1}`, status: 503, code: "unavailable"},
 
+		{name: "queued order", h: queue, method: "POST", path: "/v1/orders", body: order1, header: []string{"Idempotency-Key", "q-1"}, status: 202},
+		{name: "queued replay", h: queue, method: "POST", path: "/v1/orders", body: order1, header: []string{"Idempotency-Key", "q-1"}, status: 200},
 		{name: "GET order", h: h, method: "GET", path: "/v1/orders/{placed}", status: 200},
+		{name: "GET pending order", h: queue, method: "GET", path: "/v1/orders/{queued}", status: 200},
+		{name: "GET rejected order", h: queue, method: "GET", path: "/v1/orders/" + rejected, status: 200},
 		{name: "GET unknown order", h: h, method: "GET", path: "/v1/orders/0190a5c8-0000-7000-8000-000000000000", status: 404, code: "not_found"},
 		{name: "GET malformed order id", h: h, method: "GET", path: "/v1/orders/x'%20OR%201=1--", status: 404, code: "not_found", refused: true},
 		{name: "GET order, MySQL down", h: mysqlDown, method: "GET", path: "/v1/orders/0190a5c8-0000-7000-8000-000000000000", status: 503, code: "unavailable"},
@@ -1122,9 +1136,10 @@ func TestOpenAPIStatuses(t *testing.T) {
 		exchanges []exchange
 		seen      []observation
 		placed    string
+		queued    string
 	)
 	for _, r := range rows {
-		path := strings.ReplaceAll(r.path, "{placed}", placed)
+		path := strings.ReplaceAll(strings.ReplaceAll(r.path, "{placed}", placed), "{queued}", queued)
 		for name, id := range res {
 			path = strings.ReplaceAll(path, "{res-"+name+"}", id)
 		}
@@ -1139,6 +1154,9 @@ func TestOpenAPIStatuses(t *testing.T) {
 		r.h.ServeHTTP(rec, req)
 		if rec.Code == http.StatusCreated && r.path == "/v1/orders" {
 			placed = decodeOrder(t, rec).ID
+		}
+		if rec.Code == http.StatusAccepted {
+			queued = decodeOrder(t, rec).ID
 		}
 		if code := errorCodeOf(rec.Body.Bytes()); rec.Code != r.status || code != r.code {
 			t.Errorf("%s: %s %s = %d %q (%s), want %d %q", r.name, r.method, path, rec.Code, code, strings.TrimSpace(rec.Body.String()), r.status, r.code)

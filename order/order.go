@@ -53,6 +53,8 @@ type Order struct {
 	CreatedAt time.Time `json:"created_at"`
 	// ReservationID names the confirmed reservation that made the order.
 	ReservationID string `json:"reservation_id,omitempty"`
+	// Reason is a rejected order's error code (accept queue).
+	Reason string `json:"reason,omitempty"`
 }
 
 func fromStorage(o storage.Order) Order {
@@ -72,6 +74,9 @@ type Request struct {
 	Quantity int64
 	Key      string
 	id       string // the order's id, when chosen before the flow (the gate)
+	// queued: the order came through the queue, accepted at acceptedAt.
+	queued     bool
+	acceptedAt time.Time
 }
 
 // Store is the MySQL side of the flow (storage.Store).
@@ -89,6 +94,12 @@ type Store interface {
 	Hold(ctx context.Context, guard storage.Guard, r storage.Reservation, ttl time.Duration, moves []storage.Move) (storage.Reservation, []storage.Inventory, error)
 	Settle(ctx context.Context, guard storage.Guard, st storage.Settlement, moves []storage.Move) (storage.Reservation, []storage.Inventory, error)
 	Reservation(ctx context.Context, id string) (storage.Reservation, error)
+
+	// The queue's outcomes (queue.go): see storage.Store.
+	QueuedOrders(ctx context.Context, ids []string) (map[string]storage.QueuedOrder, error)
+	QueuedOrder(ctx context.Context, id string) (storage.QueuedOrder, error)
+	RejectQueued(ctx context.Context, o storage.QueuedOrder) (storage.QueuedOrder, error)
+	KeyRef(ctx context.Context, key string) (storage.IdempotencyKey, error)
 	ReservationByKey(ctx context.Context, key string) (storage.Reservation, error)
 	ReservationOrders(ctx context.Context, id string) ([]string, error)
 	DueReservations(ctx context.Context, after storage.Reservation, limit int) ([]storage.Reservation, error)

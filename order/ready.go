@@ -25,7 +25,7 @@ const (
 )
 
 // ErrMixedSettings: a live replica of the database runs another lock, the
-// same lock on other servers, or another guard. Behind one balancer they
+// same lock on other servers, another guard, gate or accept. Behind one balancer they
 // would not protect the same stock the same way (a bug seen in peer
 // projects), and the fences follow one fleet's servers only.
 var ErrMixedSettings = errors.New("replicas of one database run other settings")
@@ -86,6 +86,12 @@ func (s *Service) Start(ctx context.Context) error {
 	s.epoch.Store(epoch)
 	if reset {
 		s.log.Warn("the lock backend, its servers or the guard changed: fences moved to a new epoch", "lock", s.cfg.Lock, "lock_id", id, "guard", s.cfg.Guard, "epoch", epoch)
+	}
+	if s.cfg.Queue != nil {
+		if err := s.cfg.Queue.Group(ctx); err != nil {
+			return unannounce(fmt.Errorf("%w: %w", ErrUnavailable, err))
+		}
+		s.heartbeat.Go(s.consume)
 	}
 	s.heartbeat.Go(s.sweepLoop)
 	s.heartbeat.Go(func() {
@@ -237,7 +243,24 @@ func (s *Service) Close() error {
 }
 
 func (s *Service) replica() storage.Replica {
-	return storage.Replica{Instance: s.cfg.Instance, Lock: s.cfg.Lock, LockID: s.ownLockID(), Guard: string(s.cfg.Guard)}
+	return storage.Replica{Instance: s.cfg.Instance, Lock: s.cfg.Lock, LockID: s.ownLockID(), Guard: string(s.cfg.Guard),
+		Gate: s.gateName(), Accept: s.acceptName()}
+}
+
+// gateName and acceptName are OVERSOLD_GATE's and OVERSOLD_ACCEPT's
+// values, as the replicas table records them.
+func (s *Service) gateName() string {
+	if s.cfg.Gate == nil {
+		return "none"
+	}
+	return "redis"
+}
+
+func (s *Service) acceptName() string {
+	if s.cfg.Queue == nil {
+		return "sync"
+	}
+	return "queue"
 }
 
 // fleet is this replica's settings, as the fences record them.
@@ -374,7 +397,11 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 	}
 	for i, p := range peers {
 		otherServers := p.LockID != "" && p.LockID != s.ownLockID()
-		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard) && !otherServers) {
+		// A gated replica and an ungated one would not take from one
+		// counter; a queue replica answers before MySQL while a sync one
+		// writes past the queue. "" is a row of an older version.
+		otherIntake := p.Gate != "" && p.Gate != s.gateName() || p.Accept != "" && p.Accept != s.acceptName()
+		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard) && !otherServers && !otherIntake) {
 			continue
 		}
 		if olderOnly && fleet == s.fleet() {
@@ -383,8 +410,12 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 		if olderOnly && self >= 0 && !older(p, peers[self]) {
 			continue
 		}
-		why := fmt.Sprintf("live replica %s runs lock=%s guard=%s, this one lock=%s guard=%s",
-			p.Instance, p.Lock, p.Guard, s.cfg.Lock, s.cfg.Guard)
+		theirs, ours := fmt.Sprintf("lock=%s guard=%s", p.Lock, p.Guard), fmt.Sprintf("lock=%s guard=%s", s.cfg.Lock, s.cfg.Guard)
+		if otherIntake {
+			theirs += fmt.Sprintf(" gate=%s accept=%s", p.Gate, p.Accept)
+			ours += fmt.Sprintf(" gate=%s accept=%s", s.gateName(), s.acceptName())
+		}
+		why := fmt.Sprintf("live replica %s runs %s, this one %s", p.Instance, theirs, ours)
 		if p.Lock == s.cfg.Lock && otherServers {
 			why += fmt.Sprintf(", on other lock servers (its %s, this one's %s)", p.LockID, s.ownLockID())
 		}

@@ -216,3 +216,42 @@ func TestFailedAdoptionLeavesNoRow(t *testing.T) {
 		t.Errorf("live replicas %q after a failed start; want none", names)
 	}
 }
+
+// TestMixedIntake: replicas that agree on lock and guard but not on the
+// gate or on when an order is answered are mixed settings too: a newcomer
+// of another gate or accept is refused, naming both.
+func TestMixedIntake(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	for _, c := range []struct {
+		peer storage.Replica
+		want string
+	}{
+		{storage.Replica{Instance: "q1", Lock: "none", Guard: "atomic", Gate: "redis", Accept: "queue"},
+			"live replica q1 runs lock=none guard=atomic gate=redis accept=queue, this one lock=none guard=atomic gate=none accept=sync"},
+		{storage.Replica{Instance: "q2", Lock: "none", Guard: "atomic", Gate: "redis", Accept: "sync"},
+			"live replica q2 runs lock=none guard=atomic gate=redis accept=sync, this one lock=none guard=atomic gate=none accept=sync"},
+	} {
+		if err := f.store.Heartbeat(ctx, c.peer); err != nil {
+			t.Fatal(err)
+		}
+		s := f.service(nil, order.Config{Instance: "newcomer", Guard: storage.GuardAtomic})
+		if err := s.Start(ctx); !errors.Is(err, order.ErrMixedSettings) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("start with %+v live = %v, want ErrMixedSettings naming %q", c.peer, err, c.want)
+		}
+		s.Close()
+		if err := f.store.RemoveReplica(ctx, c.peer.Instance); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An older version's row (no gate, no accept recorded) is not mixed.
+	if err := f.store.Heartbeat(ctx, storage.Replica{Instance: "old", Lock: "none", Guard: "atomic"}); err != nil {
+		t.Fatal(err)
+	}
+	s := f.service(nil, order.Config{Instance: "newcomer", Guard: storage.GuardAtomic})
+	if err := s.Start(ctx); err != nil {
+		t.Errorf("start beside an older version's row: %v", err)
+	}
+	s.Close()
+}

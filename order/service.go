@@ -82,6 +82,13 @@ type Config struct {
 	FaultHook func(ctx context.Context, at HookPoint, h HookInfo)
 	// Gate is the stock gate (gate.go); nil: OVERSOLD_GATE=none.
 	Gate StockGate
+	// Queue is the order queue (queue.go), on the gate's Redis; nil:
+	// OVERSOLD_ACCEPT=sync. It needs Gate.
+	Queue OrderQueue
+	// ClaimIdle is how long a queue entry stays pending to a consumer
+	// before another claims it (0: longer than a batch can take; see
+	// claimIdle).
+	ClaimIdle time.Duration
 }
 
 // HookPoint names where in the flow Config.FaultHook is called.
@@ -231,6 +238,9 @@ func (s *Service) Handler() http.Handler { return s.handler }
 func (s *Service) Place(ctx context.Context, req Request) (o Order, replayed bool, err error) {
 	if err := s.refuseIfWithdrawn(); err != nil {
 		return Order{}, false, err
+	}
+	if s.cfg.Queue != nil {
+		return s.placeQueued(ctx, req) // queue.go
 	}
 	if s.cfg.Gate != nil {
 		return s.placeGated(ctx, req) // gate.go
@@ -528,6 +538,9 @@ func (s *Service) newOrder(req Request, lease locking.Lease) storage.Order {
 		Lock:      s.cfg.Lock,
 		CreatedAt: time.Now().UTC().Truncate(time.Microsecond), // what MySQL keeps
 	}
+	if req.queued { // created when accepted
+		o.CreatedAt = req.acceptedAt.UTC().Truncate(time.Microsecond)
+	}
 	if lease != nil {
 		o.Token = lease.Token()
 	}
@@ -542,7 +555,7 @@ func (s *Service) newOrder(req Request, lease locking.Lease) storage.Order {
 // The lease was checked once before it (sell); there is no second check.
 func (s *Service) write(ctx context.Context, orders []storage.Order, seen inventory.Item, lease locking.Lease, first Request) (storage.Inventory, error) {
 	w := storage.Write{Guard: s.cfg.Guard, Orders: orders, Stock: seen.Stock, Version: seen.Version, Epoch: s.epoch.Load(), Token: orders[0].Token,
-		Decrement: s.cfg.Gate != nil}
+		Decrement: s.cfg.Gate != nil, Queued: first.queued}
 	return s.store.PlaceOrder(ctx, w, func() error {
 		s.hook(ctx, HookBeforeCommit, first, lease)
 		return nil

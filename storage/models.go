@@ -91,14 +91,18 @@ type Meta struct {
 func (Meta) TableName() string { return "meta" }
 
 // Replica is one running orderd, as it announced itself. Replicas behind
-// one balancer must agree on lock, lock servers and guard; this table lets
-// each check. LockID is the lock servers' identity (locking.Identifier):
-// "" for a lock without one, or a row of a version that did not record it.
+// one balancer must agree on lock, lock servers, guard, gate and accept;
+// this table lets each check. LockID is the lock servers' identity
+// (locking.Identifier): "" for a lock without one, or a row of a version
+// that did not record it. Gate and Accept are "" in a row of a version
+// that did not record them.
 type Replica struct {
 	Instance    string    `gorm:"type:varchar(255);primaryKey"`
 	Lock        string    `gorm:"type:varchar(16);not null"`
 	LockID      string    `gorm:"type:varchar(64);not null;default:''"`
 	Guard       string    `gorm:"type:varchar(16);not null"`
+	Gate        string    `gorm:"type:varchar(16);not null;default:''"`
+	Accept      string    `gorm:"type:varchar(16);not null;default:''"`
 	StartedAt   time.Time `gorm:"type:datetime(6);not null"`
 	HeartbeatAt time.Time `gorm:"type:datetime(6);not null;index"`
 }

@@ -57,6 +57,10 @@ type Write struct {
 	// MySQL is decremented without a condition, as the flash-sale systems
 	// that trust their gate do.
 	Decrement bool
+	// Queued: the orders came through the queue; each one's confirmed
+	// outcome (QueuedOrder) is inserted with it, and an order that has an
+	// outcome already is ErrDuplicate.
+	Queued bool
 }
 
 // sku is the SKU of the write's orders.
@@ -172,6 +176,9 @@ func insertOrder(tx *gorm.DB, w Write) error {
 		return err
 	}
 	err := tx.Create(&w.Orders).Error
+	if err == nil && w.Queued {
+		err = tx.Create(queuedRows(w.Orders)).Error
+	}
 	if mysqlErrno(err) == errDupEntry {
 		return fmt.Errorf("%w: %w", ErrDuplicate, err)
 	}
@@ -428,17 +435,18 @@ func (s *Store) Audit(ctx context.Context, sku string) (Audit, error) {
 	return a, err
 }
 
-// Heartbeat records that replica r runs with its lock, lock servers and
-// guard, now (by the database's clock, which every replica shares). The
+// Heartbeat records that replica r runs with its lock, lock servers,
+// guard, gate and accept, now (by the database's clock, which every replica shares). The
 // first call inserts the row and sets StartedAt.
 func (s *Store) Heartbeat(ctx context.Context, r Replica) error {
-	return s.db.WithContext(ctx).Exec(heartbeatSQL, r.Instance, r.Lock, r.LockID, r.Guard).Error
+	return s.db.WithContext(ctx).Exec(heartbeatSQL, r.Instance, r.Lock, r.LockID, r.Guard, r.Gate, r.Accept).Error
 }
 
 // lock is a reserved word in MySQL, hence the backquotes.
-const heartbeatSQL = "INSERT INTO replicas (instance, `lock`, lock_id, guard, started_at, heartbeat_at) " +
-	"VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) " +
-	"ON DUPLICATE KEY UPDATE `lock` = VALUES(`lock`), lock_id = VALUES(lock_id), guard = VALUES(guard), heartbeat_at = VALUES(heartbeat_at)"
+const heartbeatSQL = "INSERT INTO replicas (instance, `lock`, lock_id, guard, gate, accept, started_at, heartbeat_at) " +
+	"VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) " +
+	"ON DUPLICATE KEY UPDATE `lock` = VALUES(`lock`), lock_id = VALUES(lock_id), guard = VALUES(guard), " +
+	"gate = VALUES(gate), accept = VALUES(accept), heartbeat_at = VALUES(heartbeat_at)"
 
 // RemoveReplica deletes a stopping replica's row, so that a restart with
 // other settings is not held against it.

@@ -165,7 +165,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", migrateLock)
 	db := s.db.WithContext(ctx)
-	if err := db.AutoMigrate(&Inventory{}, &Order{}, &Replica{}, &Meta{}, &Reservation{}, &Fence{}, &ReservationMove{}, &IdempotencyKey{}); err != nil {
+	if err := db.AutoMigrate(&Inventory{}, &Order{}, &Replica{}, &Meta{}, &Reservation{}, &Fence{}, &ReservationMove{}, &IdempotencyKey{}, &QueuedOrder{}); err != nil {
 		return err
 	}
 	// Tables made before identities were exact strings: AutoMigrate does

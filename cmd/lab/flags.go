@@ -22,6 +22,7 @@ import (
 type config struct {
 	backends, guards []string // the matrix, or the default experiment when neither was given
 	gates            []string // crossed with the matrix: "" (none) and/or "redis"
+	accepts          []string // crossed with the matrix: "" (sync) and/or "queue"
 	replicas         int
 	stock            int
 	requests         int
@@ -82,7 +83,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&backendList, "backends", "", "comma-separated lock backends: none,"+strings.Join(backends.Names, ",")+
 		"\n(default: all of them with guard none, plus none with guards version and atomic, plus one reservations run per backend)")
 	fs.StringVar(&guardList, "guards", "", "comma-separated guards, crossed with --backends: "+strings.Join(guardNames(), ",")+" (default none)")
-	var gateList string
+	var gateList, acceptList string
+	fs.StringVar(&acceptList, "accept", "", "comma-separated accepts, crossed with --backends, --guards and --gates: sync,queue (default sync;\n"+
+		"queue needs the gate: without --gates its runs take it; the default experiment adds none/atomic+gate+queue)")
 	fs.StringVar(&gateList, "gates", "", "comma-separated stock gates, crossed with --backends and --guards: none,redis (default none;\n"+
 		"the default experiment adds none/atomic and the peers' none/none with the gate)")
 	c.replicas, c.skus = 3, 1
@@ -153,6 +156,19 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			g = "" // Spec.Gate's none
 		}
 		c.gates = append(c.gates, g)
+	}
+	accepts, err := list("accept", acceptList, given["accept"], []string{"sync", "queue"})
+	if err != nil {
+		return c, err
+	}
+	for _, a := range accepts {
+		if a == "sync" {
+			a = "" // Spec.Accept's sync
+		}
+		c.accepts = append(c.accepts, a)
+	}
+	if slices.Contains(c.accepts, "queue") && c.gates != nil && !slices.Contains(c.gates, "redis") {
+		return c, badFlag("accept", "queue needs the stock gate, and --gates has no redis")
 	}
 	switch {
 	case c.faults != nil && !given["guards"]:
@@ -307,25 +323,36 @@ func (c config) specs() []loadtest.Spec {
 	if c.sweep.on {
 		return c.sweepSpecs()
 	}
-	type pair struct{ backend, guard, gate string }
+	type pair struct{ backend, guard, gate, accept string }
 	var pairs []pair
-	if c.backends == nil && c.guards == nil && c.gates == nil {
+	if c.defaultExperiment() {
 		for _, b := range backends.Names {
-			pairs = append(pairs, pair{b, "none", ""})
+			pairs = append(pairs, pair{b, "none", "", ""})
 		}
-		pairs = append(pairs, pair{"none", "version", ""}, pair{"none", "atomic", ""},
+		pairs = append(pairs, pair{"none", "version", "", ""}, pair{"none", "atomic", "", ""},
 			// the stock gate: above MySQL's condition, and the peers'
 			// design, which trusts it alone
-			pair{"none", "atomic", "redis"}, pair{"none", "none", "redis"})
+			pair{"none", "atomic", "redis", ""}, pair{"none", "none", "redis", ""},
+			// accept now, write later: the queue on the gate
+			pair{"none", "atomic", "redis", "queue"})
 	} else {
 		bs, gs := c.backends, c.guards
-		if bs == nil && gs == nil { // --gates alone: the references
+		if bs == nil && gs == nil { // --gates or --accept alone: the references
 			bs, gs = []string{"none"}, []string{"atomic", "none"}
 		}
 		for _, b := range bs {
 			for _, g := range gs {
 				for _, gate := range c.gateList() {
-					pairs = append(pairs, pair{b, g, gate})
+					for _, accept := range c.acceptList() {
+						gate := gate
+						if accept == "queue" && gate == "" {
+							if c.gates != nil {
+								continue // --gates none: the queue needs the gate
+							}
+							gate = "redis"
+						}
+						pairs = append(pairs, pair{b, g, gate, accept})
+					}
 				}
 			}
 		}
@@ -339,7 +366,7 @@ func (c config) specs() []loadtest.Spec {
 		for _, p := range pairs {
 			for i := range max(c.repeat, 1) {
 				specs = append(specs, loadtest.Spec{
-					Backend: p.backend, Guard: p.guard, Gate: p.gate, Replicas: c.replicas, Fault: f,
+					Backend: p.backend, Guard: p.guard, Gate: p.gate, Accept: p.accept, Replicas: c.replicas, Fault: f,
 					Stock: c.stock, SKUs: c.skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
 					WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: c.seed + int64(i), Topology: c.specTopology(),
 					Workload: c.specWorkload(),
@@ -347,7 +374,7 @@ func (c config) specs() []loadtest.Spec {
 			}
 		}
 	}
-	if c.backends == nil && c.guards == nil && c.gates == nil && c.specWorkload() == "" {
+	if c.defaultExperiment() && c.specWorkload() == "" {
 		// The default experiment also runs checkouts: one reservations
 		// run per backend, guard none, small enough to keep the whole
 		// default within a few minutes on 2 cores.
@@ -372,6 +399,19 @@ const (
 	defaultCheckoutSKUs    = 4
 	defaultCheckoutWorkers = 32
 )
+
+// defaultExperiment reports whether no flag chose the matrix.
+func (c config) defaultExperiment() bool {
+	return c.backends == nil && c.guards == nil && c.gates == nil && c.accepts == nil
+}
+
+// acceptList is the accepts to cross: --accept, or sync.
+func (c config) acceptList() []string {
+	if c.accepts == nil {
+		return []string{""}
+	}
+	return c.accepts
+}
 
 // gateList is the gates to cross: --gates, or none.
 func (c config) gateList() []string {

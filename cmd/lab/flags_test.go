@@ -26,6 +26,8 @@ func TestBadFlagsExit2NamingTheFlag(t *testing.T) {
 		{[]string{"--work-delay", "-1ms"}, "work-delay"},
 		{[]string{"--lock-ttl", "0s"}, "lock-ttl"},
 		{[]string{"--topology", "mesh"}, "topology"},
+		{[]string{"--accept", "async"}, "accept"},
+		{[]string{"--accept", "queue", "--gates", "none"}, "accept"},
 		{[]string{"--topology", "cluster", "--target", "http://127.0.0.1:8080", "--backends", "redis", "--guards", "none"}, "topology"},
 		{[]string{"--servers", "postgres=127.0.0.1:5432"}, "servers"},
 		{[]string{"--servers", "redis="}, "servers"},
@@ -79,13 +81,15 @@ func TestSpecs(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "[local/none redis/none redlock/none zookeeper/none mysql/none etcd/none none/version none/atomic none/atomic+gate none/none+gate " +
+		{nil, "[local/none redis/none redlock/none zookeeper/none mysql/none etcd/none none/version none/atomic none/atomic+gate none/none+gate none/atomic+gate+queue " +
 			"local/none+reservations redis/none+reservations redlock/none+reservations zookeeper/none+reservations mysql/none+reservations etcd/none+reservations]"},
 		{[]string{"--backends", "none", "--guards", "version,atomic"}, "[none/version none/atomic]"},
 		{[]string{"--backends", "redis,etcd"}, "[redis/none etcd/none]"},
 		{[]string{"--backends", "redis, redis ,local", "--guards", "none,fencing"}, "[redis/none redis/fencing local/none local/fencing]"},
 		{[]string{"--gates", "none,redis"}, "[none/atomic none/atomic+gate none/none none/none+gate]"},
 		{[]string{"--backends", "redis,none", "--guards", "atomic", "--gates", "redis"}, "[redis/atomic+gate none/atomic+gate]"},
+		{[]string{"--accept", "sync,queue"}, "[none/atomic none/atomic+gate+queue none/none none/none+gate+queue]"},
+		{[]string{"--backends", "redis", "--guards", "version", "--gates", "none,redis", "--accept", "queue,sync"}, "[redis/version redis/version+gate+queue redis/version+gate]"},
 		{[]string{"--guards", "fencing"}, "[local/fencing redis/fencing redlock/fencing zookeeper/fencing mysql/fencing etcd/fencing]"},
 	}
 	for _, tc := range tests {

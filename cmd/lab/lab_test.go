@@ -131,3 +131,37 @@ func TestLabCouldNotRun(t *testing.T) {
 		t.Errorf("stderr does not say why:\n%s", stderr.String())
 	}
 }
+
+// TestLabQueue: a run with accept queue sells the stock through 202s, then
+// drains before its replicas stop: every accepted order confirmed, none
+// lost or left pending, and the time to confirm reported.
+func TestLabQueue(t *testing.T) {
+	needServers(t)
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{
+		"--backends", "none", "--guards", "atomic", "--accept", "queue",
+		"--stock", "20", "--requests", "120", "--rate", "200", "--workers", "32",
+		"--out", out, "--json",
+	}, &stdout, &stderr)
+	t.Logf("stderr:\n%s", stderr.String())
+	if code != exitRan {
+		t.Fatalf("exit %d, want %d", code, exitRan)
+	}
+	var results []loadtest.Result
+	if err := json.Unmarshal(stdout.Bytes(), &results); err != nil || len(results) != 1 {
+		t.Fatalf("stdout: %v, %d runs; want one", err, len(results))
+	}
+	r := results[0]
+	if r.Name() != "none/atomic+gate+queue" || r.Gate != "redis" || r.Accept != "queue" {
+		t.Fatalf("run %s (gate %q, accept %q), want none/atomic+gate+queue", r.Name(), r.Gate, r.Accept)
+	}
+	if r.Accepted == nil || r.RejectedAfterAccept == nil || r.LostAccepted == nil || r.PendingLeft == nil || r.ConfirmMS == nil {
+		t.Fatalf("%s lacks the queue's figures: %+v", r.Name(), r)
+	}
+	if !r.Safe || r.Status["202"] != 20 || *r.Accepted != 20 || *r.RejectedAfterAccept != 0 || *r.LostAccepted != 0 || *r.PendingLeft != 0 ||
+		r.OrderedQuantity != 20 || r.FinalStock != 0 || r.ConfirmMS.Count != 20 {
+		t.Errorf("%s: %s, 202s %d, accepted %d, rejected %d, lost %d, pending %d, sold %d, final %d, confirmed %d; want the stock sold through 20 202s, each confirmed",
+			r.Name(), r.Verdict(), r.Status["202"], *r.Accepted, *r.RejectedAfterAccept, *r.LostAccepted, *r.PendingLeft, r.OrderedQuantity, r.FinalStock, r.ConfirmMS.Count)
+	}
+}

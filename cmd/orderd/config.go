@@ -33,6 +33,7 @@ type config struct {
 	Lock           string // "none" or one of backends.Names
 	Guard          storage.Guard
 	Gate           string // none or redis
+	Accept         string // sync or queue
 	LockTTL        time.Duration
 	LockWait       time.Duration
 	WorkDelay      time.Duration
@@ -116,6 +117,13 @@ var settings = []setting{
 		c.Gate = v
 		if v != "none" && v != "redis" {
 			return fmt.Errorf("unknown gate %q (want none, redis)", v)
+		}
+		return nil
+	}},
+	{"OVERSOLD_ACCEPT", "sync", "sync, queue: when an order is answered (queue needs OVERSOLD_GATE=redis)", func(c *config, v string) error {
+		c.Accept = v
+		if v != "sync" && v != "queue" {
+			return fmt.Errorf("unknown accept %q (want sync, queue)", v)
 		}
 		return nil
 	}},
@@ -240,6 +248,10 @@ func (c config) checkPairs() error {
 	if c.Guard == storage.GuardFencing && slices.Contains(tokenless, c.Lock) {
 		return &configError{Var: "OVERSOLD_GUARD", Err: fmt.Errorf(
 			"fencing needs fencing tokens, and OVERSOLD_LOCK=%s has none (want a lock of redis, zookeeper, mysql, etcd, or another guard)", c.Lock)}
+	}
+	if c.Accept == "queue" && c.Gate != "redis" {
+		return &configError{Var: "OVERSOLD_ACCEPT", Err: fmt.Errorf(
+			"queue takes the stock at the gate, and OVERSOLD_GATE=%s (want OVERSOLD_GATE=redis, or accept sync)", c.Gate)}
 	}
 	return nil
 }

@@ -57,6 +57,8 @@ func TestConfigPrecedence(t *testing.T) {
 		{"guard", []string{"--guard", "fencing"}, env("OVERSOLD_GUARD", "atomic"), func(c config) bool { return c.Guard == storage.GuardFencing }},
 		{"gate", []string{"--gate", "redis"}, env("OVERSOLD_GATE", "none"), func(c config) bool { return c.Gate == "redis" }},
 		{"gate default", nil, env(), func(c config) bool { return c.Gate == "none" }},
+		{"accept", []string{"--accept", "queue"}, env("OVERSOLD_ACCEPT", "sync", "OVERSOLD_GATE", "redis"), func(c config) bool { return c.Accept == "queue" }},
+		{"accept default", nil, env(), func(c config) bool { return c.Accept == "sync" }},
 		{"dsn", nil, env("OVERSOLD_MYSQL_DSN", "app:pw@tcp(db:3306)/shop"), func(c config) bool { return c.Database == "shop" }},
 		{"sentinel redis", nil, env("OVERSOLD_REDIS_ADDR", "sentinel://m@a:26379,b:26379"), func(c config) bool { return c.RedisAddr == "sentinel://m@a:26379,b:26379" }},
 	} {
@@ -85,6 +87,11 @@ func TestConfigErrors(t *testing.T) {
 		{nil, env("OVERSOLD_GUARD", "strict"), `OVERSOLD_GUARD: unknown guard "strict" (want one of none, version, fencing, atomic)`},
 		{nil, env("OVERSOLD_GATE", "Redis"), `OVERSOLD_GATE: unknown gate "Redis" (want none, redis)`},
 		{[]string{"--gate", "memcached"}, env(), `OVERSOLD_GATE: unknown gate "memcached" (want none, redis)`},
+		{nil, env("OVERSOLD_ACCEPT", "Queue"), `OVERSOLD_ACCEPT: unknown accept "Queue" (want sync, queue)`},
+		{[]string{"--accept", "async"}, env("OVERSOLD_GATE", "redis"), `OVERSOLD_ACCEPT: unknown accept "async" (want sync, queue)`},
+		{nil, env("OVERSOLD_ACCEPT", "queue"),
+			`OVERSOLD_ACCEPT: queue takes the stock at the gate, and OVERSOLD_GATE=none (want OVERSOLD_GATE=redis, or accept sync)`},
+		{[]string{"--accept", "queue"}, env("OVERSOLD_GATE", "none"), `OVERSOLD_ACCEPT: queue takes the stock at the gate, and OVERSOLD_GATE=none...`},
 		{nil, env("OVERSOLD_LOCK_TTL", "abc"), `OVERSOLD_LOCK_TTL: time: invalid duration "abc"`},
 		{[]string{"--lock-ttl", "abc"}, env(), `OVERSOLD_LOCK_TTL: time: invalid duration "abc"`},
 		{nil, env("OVERSOLD_LOCK_TTL", "-1s"), `OVERSOLD_LOCK_TTL: -1s is negative`},
@@ -150,7 +157,7 @@ func TestFlagNames(t *testing.T) {
 		got = append(got, flagName(s.env))
 	}
 	want := []string{"addr", "instance", "mysql-dsn", "redis-addr", "redlock-addrs", "zk-servers", "etcd-endpoints",
-		"lock", "guard", "gate", "lock-ttl", "lock-wait", "work-delay", "batch-max", "batch-wait", "reservation-ttl", "sweep-interval", "admin-token",
+		"lock", "guard", "gate", "accept", "lock-ttl", "lock-wait", "work-delay", "batch-max", "batch-wait", "reservation-ttl", "sweep-interval", "admin-token",
 		"max-in-flight", "request-timeout", "mysql-max-conns"}
 	if faultHooks {
 		want = append(want, "fault-hook")

@@ -136,12 +136,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	// The cache's keys carry the database's identity: a recreated database,
 	// or another deployment's on the same Redis, never meets these entries.
 	cache := inventory.New(rdb, "oversold:", store.DatabaseIdentity())
-	var gate order.StockGate // nil for gate=none
+	var gate order.StockGate   // nil for gate=none
+	var queue order.OrderQueue // nil for accept=sync
 	if cfg.Gate == "redis" {
-		gate = inventory.NewGate(rdb, "oversold:", store.DatabaseIdentity())
+		g := inventory.NewGate(rdb, "oversold:", store.DatabaseIdentity())
+		gate = g
+		if cfg.Accept == "queue" {
+			queue = g.Queue()
+		}
 	}
 	svc := order.New(store, cache, locker, order.Config{
 		Gate:           gate,
+		Queue:          queue,
 		Instance:       cfg.Instance,
 		Lock:           cfg.Lock,
 		Guard:          cfg.Guard,
@@ -162,7 +168,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		if errors.Is(err, order.ErrMixedSettings) {
 			// The newcomer of a rollout that changes these: the replicas
 			// already serving go on (deploy/k8s/README.md, "Rolling updates").
-			return &configError{Var: "OVERSOLD_LOCK, OVERSOLD_GUARD", Err: err}
+			return &configError{Var: "OVERSOLD_LOCK, OVERSOLD_GUARD, OVERSOLD_GATE, OVERSOLD_ACCEPT", Err: err}
 		}
 		if errors.Is(err, locking.ErrUnavailable) { // the lock servers' identity unread
 			return &configError{Var: lockVar[cfg.Lock], Err: err}

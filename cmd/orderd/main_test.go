@@ -117,6 +117,15 @@ func TestBinary(t *testing.T) {
 		t.Parallel()
 		gateRefuses(t, bin)
 	})
+	t.Run("queue", func(t *testing.T) {
+		t.Parallel()
+		queueConfirms(t, bin)
+	})
+	t.Run("queue without gate", func(t *testing.T) {
+		t.Parallel()
+		exitsWithOneLine(t, command(bin, "OVERSOLD_ACCEPT=queue"),
+			"orderd: OVERSOLD_ACCEPT: queue takes the stock at the gate, and OVERSOLD_GATE=none (want OVERSOLD_GATE=redis, or accept sync)\n")
+	})
 	t.Run("answers a long batch through shutdown", func(t *testing.T) {
 		t.Parallel()
 		answersLongBatch(t, bin)
@@ -150,6 +159,78 @@ func gateRefuses(t *testing.T, bin string) {
 	}
 	if got["short"] != "1" || got["taken"] != "2" || got["done"] != "2" {
 		t.Errorf("oversold_gate_total by outcome %v, want short 1, taken 2, done 2", got)
+	}
+}
+
+// queueConfirms runs the real orderd with accept queue: orders are 202
+// pending, the gate refuses past the stock, each accepted order is then
+// confirmed (GET, and a replay of its key), MySQL's stock is what they
+// took; a replica of the same database with accept sync is refused.
+func queueConfirms(t *testing.T, bin string) {
+	const token = "e2e-queue"
+	mysqlDSN, redisAddr := testbed.MySQL(t), testbed.Redis(t)
+	vars := func(instance, accept string) []string {
+		return []string{"OVERSOLD_ADDR=127.0.0.1:0", "OVERSOLD_INSTANCE=" + instance,
+			"OVERSOLD_MYSQL_DSN=" + mysqlDSN, "OVERSOLD_REDIS_ADDR=" + redisAddr,
+			"OVERSOLD_LOCK=redis", "OVERSOLD_GUARD=version", "OVERSOLD_GATE=redis", "OVERSOLD_ACCEPT=" + accept,
+			"OVERSOLD_ADMIN_TOKEN=" + token}
+	}
+	base := startOrderd(t, command(bin, vars("e2e-queue", "queue")...))
+	put(t, base, token, "queued", 2)
+	var ids []string
+	for i, want := range []int{202, 202, 409} {
+		code, _, body := postOrder(base, "queued", 1, fmt.Sprint("q", i))
+		if code != want || (want == 409 && !strings.Contains(body, `"out_of_stock"`)) {
+			t.Fatalf("order %d = %d %s, want %d", i, code, body, want)
+		}
+		var o struct{ ID, Status string }
+		if want == 202 {
+			if err := json.Unmarshal([]byte(body), &o); err != nil || o.Status != "pending" {
+				t.Fatalf("order %d = %s, want status pending (%v)", i, body, err)
+			}
+			ids = append(ids, o.ID)
+		}
+	}
+	for _, id := range ids {
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			res, err := testClient.Get(base + "/v1/orders/" + id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var o struct{ Status string }
+			err = json.NewDecoder(res.Body).Decode(&o)
+			res.Body.Close()
+			if err != nil || res.StatusCode != 200 {
+				t.Fatalf("GET %s = %d %v", id, res.StatusCode, err)
+			}
+			if o.Status == "confirmed" {
+				break
+			}
+			if o.Status != "pending" || time.Now().After(deadline) {
+				t.Fatalf("order %s is %s, want confirmed", id, o.Status)
+			}
+		}
+	}
+	if code, _, body := postOrder(base, "queued", 1, "q0"); code != 200 || !strings.Contains(body, `"confirmed"`) {
+		t.Fatalf("replay = %d %s, want 200 confirmed", code, body)
+	}
+	res, err := testClient.Get(base + "/v1/inventory/queued")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if !strings.Contains(string(b), `"stock":0`) {
+		t.Errorf("inventory %s, want stock 0", b)
+	}
+	var stderr bytes.Buffer
+	sync := command(bin, vars("e2e-sync", "sync")...)
+	sync.Stderr = &stderr
+	err = sync.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || strings.Count(stderr.String(), "\n") != 1 ||
+		!strings.Contains(stderr.String(), "live replica e2e-queue runs lock=redis guard=version gate=redis accept=queue, this one lock=redis guard=version gate=redis accept=sync") {
+		t.Errorf("a sync replica beside a queue one: %v, stderr %q; want exit 2 naming both", err, stderr.String())
 	}
 }
 

@@ -14,6 +14,7 @@ func All() map[string]loadtest.Fault {
 		"kill-holder":           KillHolder(),
 		"mysql-connection-kill": MySQLConnectionKill(),
 		"crash-after-commit":    CrashAfterCommit(),
+		"queue-consumer-kill":   QueueConsumerKill(),
 		// Server and network faults.
 		"slow-lock-server":             SlowLockServer(),
 		"delayed-write":                DelayedWrite(),

@@ -1,0 +1,106 @@
+package inventory_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/inventory"
+)
+
+// An accepted order is taken from the counter and appended in one step;
+// a short one appends nothing; a key accepted once returns its order;
+// settling moves the counter once however often an entry is settled (a
+// redelivery), and leaves the stream empty.
+func TestQueueAcceptAndSettleOnce(t *testing.T) {
+	g := newGate(t)
+	q := g.Queue()
+	ctx := t.Context()
+	if err := q.Group(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Group(ctx); err != nil { // a second replica's start
+		t.Fatalf("group created twice: %v", err)
+	}
+	o := inventory.Queued{ID: "o1", SKU: "S", Quantity: 2, Key: "k"}
+	if _, err := q.Accept(ctx, o); !errors.Is(err, inventory.ErrUnseeded) {
+		t.Fatalf("accept on no counter: %v, want ErrUnseeded", err)
+	}
+	if err := g.Seed(ctx, "S", 3); err != nil {
+		t.Fatal(err)
+	}
+	if prev, err := q.Accept(ctx, o); err != nil || prev != "" {
+		t.Fatalf("accept: %q %v", prev, err)
+	}
+	if prev, err := q.Accept(ctx, inventory.Queued{ID: "o2", SKU: "S", Quantity: 1, Key: "k"}); err != nil || prev != "o1" {
+		t.Fatalf("accept under a key taken: %q %v, want o1", prev, err)
+	}
+	if _, err := q.Accept(ctx, inventory.Queued{ID: "o3", SKU: "S", Quantity: 2}); !errors.Is(err, inventory.ErrShort) {
+		t.Fatalf("accept past the counter: %v, want ErrShort", err)
+	}
+	if c := counter(t, g, "S"); c.Stock != 1 || c.Held != 2 {
+		t.Fatalf("counter %+v, want stock 1 held 2", c)
+	}
+	if n, _ := q.Len(ctx); n != 1 {
+		t.Fatalf("stream length %d, want 1", n)
+	}
+	ds, err := q.Read(ctx, "c1", 10, time.Second)
+	if err != nil || len(ds) != 1 || ds[0].Order != o {
+		t.Fatalf("read %+v %v, want o1", ds, err)
+	}
+	if got, ok, err := q.Lookup(ctx, "o1"); err != nil || !ok || got != o {
+		t.Fatalf("lookup while queued: %+v %v %v", got, ok, err)
+	}
+	// Rejected, settled twice (a redelivery): given back once.
+	for range 2 {
+		if err := q.Settle(ctx, "S", []inventory.Settled{{Delivery: ds[0]}}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := counter(t, g, "S"); c.Stock != 3 || c.Held != 0 {
+		t.Fatalf("counter %+v after two settles of one rejection, want stock 3 held 0", c)
+	}
+	if n, _ := q.Len(ctx); n != 0 {
+		t.Fatalf("stream length %d after the settle, want 0", n)
+	}
+	if _, ok, _ := q.Lookup(ctx, "o1"); ok {
+		t.Fatal("o1 still queued after its settle")
+	}
+	if prev, err := q.Accept(ctx, inventory.Queued{ID: "o4", SKU: "S", Quantity: 1, Key: "k"}); err != nil || prev != "o1" {
+		t.Fatalf("accept under a settled order's key: %q %v, want o1 (the marker outlives the settle)", prev, err)
+	}
+}
+
+// A stream and group gone (a Redis restarted without persistence) are made
+// again by the next read or claim, which then finds what is accepted since.
+func TestQueueRegroups(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	prefix := testbed.Prefix(t) + ":"
+	g := inventory.NewGate(rdb, prefix, "db")
+	q := g.Queue()
+	ctx := t.Context()
+	if err := g.Seed(ctx, "S", 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, read := range []func() ([]inventory.Delivery, error){
+		func() ([]inventory.Delivery, error) { return q.Claim(ctx, "c1", time.Millisecond, 10) },
+		func() ([]inventory.Delivery, error) { return q.Read(ctx, "c1", 10, 10*time.Millisecond) },
+	} {
+		if err := rdb.Del(ctx, prefix+"{db:gate}:queue").Err(); err != nil { // the restart
+			t.Fatal(err)
+		}
+		if _, err := read(); err != nil {
+			t.Fatalf("read after the stream went: %v", err)
+		}
+	}
+	if _, err := q.Accept(ctx, inventory.Queued{ID: "o1", SKU: "S", Quantity: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if ds, err := q.Read(ctx, "c1", 10, time.Second); err != nil || len(ds) != 1 {
+		t.Fatalf("read after the group was made again: %+v %v, want o1", ds, err)
+	}
+}
