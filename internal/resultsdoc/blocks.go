@@ -205,6 +205,9 @@ func choose(ev Evidence) string {
 				gateSurvives(ev, c.backend, c.guard), gateHotCell(ev, c.backend, c.guard), c.operate)
 		}
 	}
+	if row := queueRow(ev); row != "" {
+		b.WriteString(row)
+	}
 	fmt.Fprintf(&b, "\n*Under the fault runs*: runs where every invariant held, %s seeded runs per fault, "+
 		"of the faults that apply to that lock ([matrix](docs/results.md#faults)).\n",
 		repeats(ev.Faults, func(r Run) string { return r.Name() + " " + r.Fault }))
@@ -223,6 +226,7 @@ func choose(ev Evidence) string {
 	}
 	b.WriteString(coalescing(ev) + "\n")
 	b.WriteString(gateNote(ev))
+	b.WriteString(queueNote(ev))
 	return b.String()
 }
 
@@ -602,4 +606,52 @@ func gateNote(ev Evidence) string {
 			count(with).undersold)
 	}
 	return s + ".\n"
+}
+
+// queueRuns are queue.json's runs answered 202 (OVERSOLD_ACCEPT=queue).
+func queueRuns(ev Evidence) []Run {
+	return filter(ev.Queue, func(r Run) bool { return r.Accept == "queue" && r.Fault == "" && r.Error == "" && r.Accepted != nil })
+}
+
+// queueRow is the decision table's row for the order queue: 202s per
+// second and how long a customer waits for the outcome.
+func queueRow(ev Evidence) string {
+	runs := queueRuns(ev)
+	if len(runs) == 0 {
+		return ""
+	}
+	r := runs[0]
+	lost, pending := 0, 0
+	for _, q := range runs {
+		lost += deref(q.LostAccepted)
+		pending += deref(q.PendingLeft)
+	}
+	accepted := mean(runs, func(r Run) float64 { return float64(*r.Accepted) / r.DurationS })
+	confirm := mean(runs, func(r Run) float64 { return r.ConfirmMS.P99 })
+	return fmt.Sprintf("| Accept now, write later: 202 once the gate took the stock, a consumer writes MySQL | `%s/%s+gate+queue` | "+
+		"no fault runs yet; without faults %d lost and %d pending of %d runs' 202s | %.0f accepted (202), %.0f; outcome p99 %.0f ms after the 202 | "+
+		"one Redis holding the gate and the stream (`appendfsync always` to keep what it accepted through a crash), MySQL |\n",
+		r.Backend, r.Guard, lost, pending, len(runs), accepted, mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }), confirm)
+}
+
+// queueNote says where the queue's row comes from and how it compares
+// with the same lab's synchronous orders.
+func queueNote(ev Evidence) string {
+	runs := queueRuns(ev)
+	sync := filter(ev.Queue, func(r Run) bool { return r.Accept == "" && r.Gate == "" && r.Fault == "" && r.Error == "" })
+	if len(runs) == 0 || len(sync) == 0 {
+		return ""
+	}
+	accepted := mean(runs, func(r Run) float64 { return float64(*r.Accepted) / r.DurationS })
+	created := mean(sync, func(r Run) float64 { return r.OrdersRPS })
+	return fmt.Sprintf("*The queue's row* ([queue.json](docs/results/queue.json)): %d orders for stock %d at %d/s offered, means of %d runs; "+
+		"202s per second %.2fx the 201s of `%s` in the same lab; the outcome's wait grows with the backlog a customer is behind.\n",
+		runs[0].Requests, runs[0].InitialStock, runs[0].Rate, len(runs), accepted/created, sync[0].Name())
+}
+
+func deref(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
 }

@@ -27,6 +27,7 @@ type Run struct {
 	Fault           string         `json:"fault"`
 	Requests        int            `json:"requests"`
 	Workers         int            `json:"workers"`
+	Rate            int            `json:"rate"` // requests per second offered
 	Status          map[string]int `json:"status"`
 	InitialStock    int            `json:"initial_stock"`
 	Undersold       int            `json:"undersold"`
@@ -53,8 +54,16 @@ type Run struct {
 	NotApplicable bool     `json:"not_applicable"`
 	Workload      string   `json:"workload"` // "reservations", "ceiling", or "" for orders
 	Gate          string   `json:"gate"`     // "redis" for the stock gate
-	DurationS     float64  `json:"duration_s"`
-	Batches       struct {
+	Accept        string   `json:"accept"`   // "queue": answered 202, written later
+	Accepted      *int     `json:"accepted"`
+	LostAccepted  *int     `json:"lost_accepted"`
+	PendingLeft   *int     `json:"pending_left"`
+	ConfirmMS     *struct {
+		P50 float64 `json:"p50"`
+		P99 float64 `json:"p99"`
+	} `json:"confirm_ms"`
+	DurationS float64 `json:"duration_s"`
+	Batches   struct {
 		Writes int `json:"writes"` // transactions that sold orders
 		Orders int `json:"orders"`
 	} `json:"batches"`
@@ -81,6 +90,8 @@ type Evidence struct {
 	// Gate holds the stock gate's labs: a sweep with the HTTP ceiling, a
 	// sell-out, and its faults (gate.json).
 	Gate []Run
+	// Queue holds the order queue's lab (queue.json): sync beside queue.
+	Queue []Run
 }
 
 // LabsFile lists the labs behind the results files.
@@ -96,7 +107,7 @@ func Load(dir string) (Evidence, error) {
 	if err := json.Unmarshal(b, &ev.Labs); err != nil {
 		return ev, fmt.Errorf("%s: %w", LabsFile, err)
 	}
-	for _, name := range []string{"default", "sweep", "faults", "gate"} {
+	for _, name := range []string{"default", "sweep", "faults", "gate", "queue"} {
 		runs, err := readRuns(filepath.Join(dir, name+".json"))
 		if err != nil {
 			return ev, err
@@ -110,6 +121,8 @@ func Load(dir string) (Evidence, error) {
 			ev.Faults = runs
 		case "gate":
 			ev.Gate = runs
+		case "queue":
+			ev.Queue = runs
 		}
 	}
 	return ev, nil
