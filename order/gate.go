@@ -320,7 +320,7 @@ func (s *Service) BackCheck(ctx context.Context, now time.Time) (int, error) {
 // trusting configuration, in which the gate is the truth during the sale,
 // and the lab shows what it costs when the gate's Redis loses writes.
 func (s *Service) Reconcile(ctx context.Context) error {
-	if s.cfg.Gate == nil || s.cfg.Guard == storage.GuardNone {
+	if s.cfg.Gate == nil || !s.cfg.Guard.Checks() {
 		return nil
 	}
 	skus, err := s.cfg.Gate.SKUs(ctx, reconcileBatch)

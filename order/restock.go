@@ -32,7 +32,7 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersi
 		if err := s.beforeWrite(lost(lease), "reset"); err != nil {
 			return storage.Inventory{}, err
 		}
-		if s.cfg.Guard == storage.GuardFencing { // only fenced writes read the fence
+		if s.cfg.Guard.Fenced() { // only fenced writes read the fence
 			put.Epoch, put.Token = s.epoch.Load(), lease.Token()
 		}
 	}

@@ -777,11 +777,8 @@ func (s *Service) stock(ctx context.Context, sku string, lease locking.Lease) (i
 }
 
 // trustsCache reports whether the guard builds its write on the cached
-// read: none, which never checks it, and fencing, whose version check
-// refuses a stale one (a stale entry would cost it a retry per holder).
-func (s *Service) trustsCache() bool {
-	return s.cfg.Guard == storage.GuardNone || s.cfg.Guard == storage.GuardFencing
-}
+// read (storage.Guard.TrustsCache).
+func (s *Service) trustsCache() bool { return s.cfg.Guard.TrustsCache() }
 
 // confirm reads the SKU's stock from MySQL when the cache said there was
 // not enough, and puts it in the cache.

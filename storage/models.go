@@ -1,9 +1,6 @@
 package storage
 
-import (
-	"fmt"
-	"time"
-)
+import "time"
 
 // Inventory is one SKU's stock. Version grows with every write, whatever
 // the guard, so the cache can tell a newer entry from an older one.
@@ -109,27 +106,3 @@ type Replica struct {
 
 // TableName fixes the table's name.
 func (Replica) TableName() string { return "replicas" }
-
-// Guard is the condition the stock write of step 6 is made under.
-type Guard string
-
-// The four guards of docs/design.md.
-const (
-	GuardNone    Guard = "none"    // trust the lock alone
-	GuardVersion Guard = "version" // optimistic: the row's version must be the one read
-	GuardFencing Guard = "fencing" // the lease's token must be newer than the last writer's, and the row the one read
-	GuardAtomic  Guard = "atomic"  // decrement in place if enough stock: no lock needed
-)
-
-// Guards lists every guard.
-var Guards = []Guard{GuardNone, GuardVersion, GuardFencing, GuardAtomic}
-
-// ParseGuard returns the guard named s.
-func ParseGuard(s string) (Guard, error) {
-	for _, g := range Guards {
-		if string(g) == s {
-			return g, nil
-		}
-	}
-	return "", fmt.Errorf("unknown guard %q (want one of none, version, fencing, atomic)", s)
-}

@@ -100,31 +100,33 @@ func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() err
 	if len(w.Orders) == 0 {
 		return Inventory{}, errors.New("place order: no order")
 	}
+	g, err := w.Guard.rule()
+	if err != nil {
+		return Inventory{}, fmt.Errorf("place order on %q: %w", w.sku(), err)
+	}
 	inv := Inventory{SKU: w.sku()}
 	// The UPDATE locks the SKU's row until the commit, and every order of a
 	// hot SKU queues on that lock: the less runs after it the better, so the
-	// INSERT goes first (a refused guard rolls it back with the rest). The
-	// version guard is the exception: without a lock, racing replicas make
-	// it refuse often (every stale read), and a refusal should not cost an
-	// INSERT and its undo.
-	insertFirst := w.Guard != GuardVersion
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	// INSERT goes first (a refused guard rolls it back with the rest), for
+	// every guard but version (see versionGuard.insertFirst).
+	insertFirst := g.insertFirst()
+	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if insertFirst {
 			if err := insertOrder(tx, w); err != nil {
 				return err
 			}
 		}
-		version, changed, err := guardedUpdate(ctx, tx, w)
+		version, changed, err := guardedUpdate(ctx, tx, g, w)
 		if err != nil {
 			return err
 		}
 		// Every guard bumps version, so a row that matched also changed:
 		// zero rows means the guard refused, or there is no such SKU.
 		if !changed {
-			return refusal(tx, w.Guard, w.sku(), w.Epoch, w.Token)
+			return refusal(tx, g, w.sku(), w.Epoch, w.Token)
 		}
 		inv.Version = version
-		if w.Guard == GuardFencing {
+		if g.fenced() {
 			inv.Fence, inv.FenceEpoch = w.Token, w.Epoch
 		}
 		if !insertFirst {
@@ -143,9 +145,8 @@ func (s *Store) PlaceOrder(ctx context.Context, w Write, beforeCommit func() err
 	if err != nil {
 		return Inventory{}, fmt.Errorf("place order on %q: %w", w.sku(), err)
 	}
-	relative := w.Guard == GuardAtomic || (w.Guard == GuardNone && w.Decrement)
 	switch {
-	case !relative || inv.Version == w.Version+1:
+	case !g.inPlace(w) || inv.Version == w.Version+1:
 		// Stock and version change together, so the stock read at
 		// w.Version was the stock our write started from.
 		inv.Stock = w.Stock - w.quantity()
@@ -185,41 +186,10 @@ func insertOrder(tx *gorm.DB, w Write) error {
 	return err
 }
 
-// guardedUpdate runs the guard's write, exactly as docs/design.md states it, and
-// returns the row's new version and whether the row changed. All four also
-// bump version (the cache orders its entries by it) through
-// LAST_INSERT_ID(version + 1): MySQL then returns the new version as the
-// insert id of the UPDATE's own reply, which spares a read-back SELECT
-// inside the transaction, while the row is locked.
-func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, changed bool, err error) {
-	sku, q := w.sku(), w.quantity()
-	var query string
-	var args []any
-	switch w.Guard {
-	case GuardNone:
-		query = `UPDATE inventory SET stock = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ?`
-		args = []any{w.Stock - q, sku}
-		if w.Decrement {
-			query = `UPDATE inventory SET stock = stock - ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ?`
-			args = []any{q, sku}
-		}
-	case GuardVersion:
-		query = `UPDATE inventory SET stock = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ? AND version = ?`
-		args = []any{w.Stock - q, sku, w.Version}
-	case GuardFencing:
-		query = `UPDATE inventory SET stock = ?, fence = ?, fence_epoch = ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ? AND (fence_epoch, fence) < (?, ?) AND version = ?`
-		args = []any{w.Stock - q, w.Token, w.Epoch, sku, w.Epoch, w.Token, w.Version}
-	case GuardAtomic:
-		query = `UPDATE inventory SET stock = stock - ?, version = LAST_INSERT_ID(version + 1), updated_at = UTC_TIMESTAMP(6)
-			WHERE sku = ? AND stock >= ?`
-		args = []any{q, sku, q}
-	default:
-		return 0, false, fmt.Errorf("unknown guard %q", w.Guard)
-	}
+// guardedUpdate runs the guard's write (rule.update) and returns the row's
+// new version, the UPDATE's insert id, and whether the row changed.
+func guardedUpdate(ctx context.Context, tx *gorm.DB, g rule, w Write) (version uint64, changed bool, err error) {
+	query, args := g.update(w)
 	// The transaction's own connection, for the driver's result: gorm's
 	// Exec keeps RowsAffected but drops the insert id.
 	res, err := tx.Statement.ConnPool.ExecContext(ctx, query, args...)
@@ -237,12 +207,9 @@ func guardedUpdate(ctx context.Context, tx *gorm.DB, w Write) (version uint64, c
 	return uint64(id), true, nil
 }
 
-// refusal tells why guard's write of sku changed no row: no such SKU, or
-// the guard's own reason. The fencing guard refuses for two: a newer lock
-// holder wrote (ErrStaleFence, the lease is lost), or the row moved on
-// since the read the write is based on (ErrConflict: a stale cache entry,
-// to be read again under the same lock).
-func refusal(tx *gorm.DB, guard Guard, sku string, epoch, token uint64) error {
+// refusal tells why g's write of sku, under the lease's (epoch, token),
+// changed no row: no such SKU, or the guard's own reason (rule.refuse).
+func refusal(tx *gorm.DB, g rule, sku string, epoch, token uint64) error {
 	// A locking read sees the row as last committed, as the UPDATE did,
 	// not the transaction's snapshot (taken earlier by a multi-SKU move).
 	var rows []Inventory
@@ -252,16 +219,8 @@ func refusal(tx *gorm.DB, guard Guard, sku string, epoch, token uint64) error {
 		return err
 	case len(rows) == 0:
 		return ErrUnknownSKU
-	case guard == GuardVersion:
-		return ErrConflict
-	case guard == GuardFencing && !fenceBelow(rows[0].FenceEpoch, rows[0].Fence, epoch, token):
-		return ErrStaleFence
-	case guard == GuardFencing:
-		return ErrConflict
-	case guard == GuardAtomic:
-		return ErrOutOfStock
 	}
-	return fmt.Errorf("guard %q changed no row of an existing SKU", guard)
+	return g.refuse(rows[0], epoch, token)
 }
 
 // Order returns the order with id.

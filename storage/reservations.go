@@ -316,34 +316,16 @@ type ledger struct{ reservation, to, instance string }
 // locks are taken: two transactions never wait for each other's rows in a
 // cycle.
 func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, l ledger, moves []Move) ([]Inventory, error) {
+	g, err := guard.rule()
+	if err != nil {
+		return nil, err
+	}
 	moves = slices.Clone(moves)
 	slices.SortFunc(moves, func(a, b Move) int { return strings.Compare(a.Seen.SKU, b.Seen.SKU) })
 	after := make([]Inventory, 0, len(moves))
 	for _, m := range moves {
 		sku := m.Seen.SKU
-		newStock, newReserved := m.Seen.Stock+m.Stock, m.Seen.Reserved+m.Reserved
-		var query string
-		var args []any
-		switch guard {
-		case GuardNone:
-			query = `UPDATE inventory SET stock = ?, reserved = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
-				WHERE sku = ?`
-			args = []any{newStock, newReserved, sku}
-		case GuardVersion:
-			query = `UPDATE inventory SET stock = ?, reserved = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
-				WHERE sku = ? AND version = ?`
-			args = []any{newStock, newReserved, sku, m.Seen.Version}
-		case GuardFencing:
-			query = `UPDATE inventory SET stock = ?, reserved = ?, fence = ?, fence_epoch = ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
-				WHERE sku = ? AND (fence_epoch, fence) < (?, ?) AND version = ?`
-			args = []any{newStock, newReserved, m.Token, m.Epoch, sku, m.Epoch, m.Token, m.Seen.Version}
-		case GuardAtomic:
-			query = `UPDATE inventory SET stock = stock + ?, reserved = reserved + ?, version = version + 1, updated_at = UTC_TIMESTAMP(6)
-				WHERE sku = ? AND stock + ? >= 0 AND reserved + ? >= 0`
-			args = []any{m.Stock, m.Reserved, sku, m.Stock, m.Reserved}
-		default:
-			return nil, fmt.Errorf("unknown guard %q", guard)
-		}
+		query, args := g.move(m)
 		res, err := tx.Statement.ConnPool.ExecContext(ctx, query, args...)
 		if err != nil {
 			return nil, err
@@ -351,7 +333,7 @@ func applyMoves(ctx context.Context, tx *gorm.DB, guard Guard, l ledger, moves [
 		if n, err := res.RowsAffected(); err != nil {
 			return nil, err
 		} else if n == 0 {
-			err := refusal(tx, guard, sku, m.Epoch, m.Token)
+			err := refusal(tx, g, sku, m.Epoch, m.Token)
 			if errors.Is(err, ErrOutOfStock) {
 				return nil, &OutOfStock{SKUs: []string{sku}}
 			}

@@ -245,7 +245,7 @@ func (c config) checkPairs() error {
 		return &configError{Var: "OVERSOLD_REQUEST_TIMEOUT", Err: fmt.Errorf(
 			"%v must be longer than OVERSOLD_LOCK_WAIT=%v, or every lock wait ends as a timed-out request", c.RequestTimeout, c.LockWait)}
 	}
-	if c.Guard == storage.GuardFencing && slices.Contains(tokenless, c.Lock) {
+	if c.Guard.Fenced() && slices.Contains(tokenless, c.Lock) {
 		return &configError{Var: "OVERSOLD_GUARD", Err: fmt.Errorf(
 			"fencing needs fencing tokens, and OVERSOLD_LOCK=%s has none (want a lock of redis, zookeeper, mysql, etcd, or another guard)", c.Lock)}
 	}

@@ -42,6 +42,32 @@ func ConfigTable() ([]Setting, error) {
 	return out, nil
 }
 
+// GuardWrite is one row of the table under "## Guards": a guard and its
+// write of step 6, as the document quotes it (without the backquotes).
+type GuardWrite struct {
+	Guard, Write string
+}
+
+// GuardTable returns the rows of the table under "## Guards".
+func GuardTable() ([]GuardWrite, error) {
+	b, err := os.ReadFile(Path())
+	if err != nil {
+		return nil, err
+	}
+	rows, err := table(string(b), "## Guards")
+	if err != nil {
+		return nil, err
+	}
+	var out []GuardWrite
+	for _, r := range rows {
+		if len(r) != 3 {
+			return nil, fmt.Errorf("docs/design.md: guard row %q has %d cells, want 3", r, len(r))
+		}
+		out = append(out, GuardWrite{Guard: r[0], Write: strings.Trim(r[1], "`")})
+	}
+	return out, nil
+}
+
 // table returns the body rows of the first Markdown table in the section
 // that starts with heading, each row's cells trimmed.
 func table(doc, heading string) ([][]string, error) {
