@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/backends"
