@@ -16,11 +16,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/etcdlock"
+	"github.com/oversold-lab/oversold/locking/etcdlock/internal/etcdlocktest"
 	"github.com/oversold-lab/oversold/locking/locktest"
 )
 
@@ -172,35 +172,19 @@ func queueLength(endpoints []string) func(ctx context.Context, key string) (int,
 	}
 }
 
-// withClient runs f on a fresh client, closed before it returns, so no
-// goroutine of it outlives the call.
-func withClient(endpoints []string, f func(*clientv3.Client) error) error {
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return f(c)
-}
+var withClient = etcdlocktest.WithClient
 
 // The tests below cover what is particular to etcd; the contract itself is
 // the suite's.
 
 func newLocker(tb testing.TB, endpoints []string) *etcdlock.Locker {
 	tb.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	cli := etcdlocktest.Client(tb, endpoints)
 	l, err := etcdlock.New(tb.Context(), cli, etcdlock.Config{TTL: ttl})
 	if err != nil {
-		cli.Close()
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() {
-		l.Close()
-		cli.Close()
-	})
+	tb.Cleanup(func() { l.Close() })
 	return l
 }
 
@@ -256,42 +240,7 @@ func TestLostWhenLeaseRevoked(t *testing.T) {
 // Locker must serve again once the server is back.
 func TestLostWhenServerPaused(t *testing.T) {
 	srv := locktest.PrivateServer(t, testbed.StartEtcd)
-	l := newLocker(t, []string{srv.Addr})
-	lease, err := l.Acquire(t.Context(), "sku/paused")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	paused := time.Now()
-	select {
-	case <-lease.Lost():
-		took := time.Since(paused)
-		t.Logf("Lost closed %v after the server paused (TTL %v)", took.Round(time.Millisecond), ttl)
-		// Late is wrong, not slow: the server may grant the key at the TTL.
-		if took > ttl+time.Second {
-			t.Errorf("Lost closed %v after the server paused, later than the TTL allows", took)
-		}
-	case <-time.After(ttl + 5*time.Second):
-		t.Fatalf("Lost still open %v after the server paused", time.Since(paused))
-	}
-	if err := srv.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	// The lease may or may not have expired on the server meanwhile.
-	if err := lease.Release(ctx); err != nil && !errors.Is(err, locking.ErrNotHeld) {
-		t.Errorf("release after the pause: %v", err)
-	}
-	again, err := l.Acquire(ctx, "sku/paused")
-	if err != nil {
-		t.Fatalf("acquire after the server came back: %v", err)
-	}
-	if err := again.Release(ctx); err != nil {
-		t.Error(err)
-	}
+	locktest.LostWhenServerPaused(t, srv, newLocker(t, []string{srv.Addr}), ttl)
 }
 
 func BenchmarkAcquireRelease(b *testing.B) { acquireRelease(b, newLocker(b, testbed.Etcd(b))) }
@@ -374,11 +323,7 @@ func TestCompactionBoundsDatabase(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("OVERSOLD_LOCKTEST_KEYS")); err == nil && v > 0 {
 		n = v
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdlocktest.Client(t, endpoints)
 	status := func() *clientv3.StatusResponse {
 		t.Helper()
 		st, err := cli.Status(t.Context(), endpoints[0])
@@ -474,11 +419,7 @@ func TestCompactionBoundsDatabase(t *testing.T) {
 func TestCloseRevokesSessionGrantedMeanwhile(t *testing.T) {
 	srv := locktest.PrivateServer(t, testbed.StartEtcd)
 	endpoints := []string{srv.Addr}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdlocktest.Client(t, endpoints)
 	l, err := etcdlock.New(t.Context(), cli, etcdlock.Config{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
@@ -540,11 +481,7 @@ func TestClosePromptWhenEtcdUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdlocktest.Client(t, []string{proxy.Addr()})
 	const long = 30 * time.Second
 	l, err := etcdlock.New(t.Context(), cli, etcdlock.Config{TTL: long, Prefix: testbed.Prefix(t)})
 	if err != nil {

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,14 +15,11 @@ import (
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/redislock"
+	"github.com/oversold-lab/oversold/locking/redislock/internal/redislocktest"
 )
 
-// config is what the suite opens a Locker from.
-type config struct {
-	Addr         string // one address, or a Cluster's joined by commas
-	TTL          time.Duration
-	FallbackWait time.Duration // 0: the default jittered fallback timer
-}
+// config is the suite's, shared with the hardening packages' tests.
+type config = redislocktest.Config
 
 // open is how the suite opens the recipe alone, here and in its helper
 // processes: no Queue but its own.
@@ -34,7 +28,7 @@ func open(_ context.Context, c config) (locking.Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := redislock.New(client, redislock.Config{TTL: c.TTL, MinBackoff: c.FallbackWait, MaxBackoff: c.FallbackWait})
+	l := redislock.New(client, c.Locker())
 	redislock.Break(l, broken)
 	return locktest.Closing(l, client.Close), nil
 }
@@ -44,39 +38,10 @@ func TestMain(m *testing.M) { locktest.Main(m, open) }
 // broken is the broken variant TestConformance runs, if any (TestSuiteTeeth).
 var broken string
 
-func lockKey(key string) string { return "lock:{" + key + "}" } // the default prefix
-
-// takeOver sets another owner's value on the lock key, for a minute.
-func takeOver(ctx context.Context, c redis.Cmdable, key string) (func(context.Context) error, error) {
-	if err := c.Set(ctx, lockKey(key), "rival", time.Minute).Err(); err != nil {
-		return nil, err
-	}
-	return func(ctx context.Context) error { return c.Del(ctx, lockKey(key)).Err() }, nil
-}
-
 func TestConformance(t *testing.T) {
 	broken = locktest.Broken()
-	addr := testbed.Redis(t)
-	admin := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { admin.Close() })
-	locktest.Run(t, locktest.Backend[config]{
-		Name:    "redis",
-		Config:  config{Addr: addr, TTL: time.Second},
-		TTL:     time.Second,
-		Servers: []string{addr},
-		Through: func(addrs []string) config { return config{Addr: addrs[0], TTL: time.Second} },
-		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
-			return takeOver(ctx, admin, key)
-		},
-		State: func(ctx context.Context) (string, error) {
-			n, err := admin.DBSize(ctx).Result()
-			return fmt.Sprintf("%d Redis keys (a fence counter per lock key ever used)", n), err
-		},
-		Leftovers: func(ctx context.Context, key string) (int, error) {
-			n, err := admin.Exists(ctx, lockKey(key)).Result()
-			return int(n), err
-		},
-	})
+	b, _ := redislocktest.Backend(t, testbed.Redis(t))
+	locktest.Run(t, b)
 }
 
 // TestSuiteTeeth runs the suite against Lockers each broken in one way, and
@@ -98,17 +63,7 @@ func TestSuiteTeeth(t *testing.T) {
 
 // BenchmarkUncontended measures one Acquire and Release of a free key.
 func BenchmarkUncontended(b *testing.B) {
-	l := benchLocker(b, testbed.Redis(b))
-	ctx := context.Background()
-	for b.Loop() {
-		lease, err := l.Acquire(ctx, "uncontended")
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := lease.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
+	locktest.BenchUncontended(b, benchLocker(b, testbed.Redis(b)))
 }
 
 // BenchmarkHotKey8 measures handoffs of one key among 8 contenders, each
@@ -120,82 +75,23 @@ func BenchmarkHotKey8(b *testing.B) {
 	for i := range lockers {
 		lockers[i] = benchLocker(b, addr)
 	}
-	hotKey(b, lockers)
+	locktest.BenchHotKey(b, lockers)
 }
 
 // BenchmarkHotKey8OneLocker is BenchmarkHotKey8 with the 8 contenders in
 // one Locker.
 func BenchmarkHotKey8OneLocker(b *testing.B) {
 	l := benchLocker(b, testbed.Redis(b))
-	hotKey(b, []*redislock.Locker{l, l, l, l, l, l, l, l})
-}
-
-// hotKey runs one contender per entry of lockers until b.N handoffs.
-func hotKey(b *testing.B, lockers []*redislock.Locker) {
-	ctx := context.Background()
-	var (
-		left atomic.Int64
-		wg   sync.WaitGroup
-	)
-	left.Store(int64(b.N))
-	b.ResetTimer()
-	for _, l := range lockers {
-		wg.Go(func() {
-			for left.Add(-1) >= 0 {
-				lease, err := l.Acquire(ctx, "hot")
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				if err := lease.Release(ctx); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	locktest.BenchHotKey(b, []*redislock.Locker{l, l, l, l, l, l, l, l})
 }
 
 func benchLocker(b *testing.B, addr string) *redislock.Locker {
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	l := redislock.New(c, redislock.Config{TTL: 5 * time.Second})
-	b.Cleanup(func() { l.Close(); c.Close() })
-	return l
+	return redislocktest.BenchLocker(b, addr, redislock.Config{TTL: 5 * time.Second})
 }
 
-// The same suite on a Redis Cluster of three masters with a replica each:
-// the lock key, its fence counter and its channel share the hash slot of
-// {key}, and the release message reaches a subscriber on any node.
+// The same suite on a Redis Cluster of three masters with a replica each.
 func TestConformanceCluster(t *testing.T) {
-	addrs := testbed.RedisCluster(t)
-	// A client per call: a Cluster client's node clients start goroutines
-	// lazily, which the suite's leak check would count.
-	admin := func(ctx context.Context, do func(*redis.ClusterClient) error) error {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		defer c.Close()
-		return do(c)
-	}
-	locktest.Run(t, locktest.Backend[config]{
-		Name:   "redis",
-		Config: config{Addr: strings.Join(addrs, ","), TTL: time.Second},
-		TTL:    time.Second,
-		TakeOver: func(ctx context.Context, key string) (drop func(context.Context) error, err error) {
-			err = admin(ctx, func(c *redis.ClusterClient) error { _, err := takeOver(ctx, c, key); return err })
-			drop = func(ctx context.Context) error {
-				return admin(ctx, func(c *redis.ClusterClient) error { return c.Del(ctx, lockKey(key)).Err() })
-			}
-			return drop, err
-		},
-		Leftovers: func(ctx context.Context, key string) (n int, err error) {
-			err = admin(ctx, func(c *redis.ClusterClient) error {
-				m, err := c.Exists(ctx, lockKey(key)).Result()
-				n = int(m)
-				return err
-			})
-			return n, err
-		},
-	})
+	locktest.Run(t, redislocktest.ClusterBackend(testbed.RedisCluster(t)))
 }
 
 // Close ends the waits in progress.
@@ -203,37 +99,11 @@ func TestCloseEndsWaits(t *testing.T) {
 	addr := testbed.Redis(t)
 	before := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, before) })
-	holder, waiter := newLocker(t, addr, redislock.Config{}), newLocker(t, addr, redislock.Config{})
-	lease, err := holder.Acquire(t.Context(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(context.Background())
-	got := make(chan error, 1)
-	go func() {
-		_, err := waiter.Acquire(t.Context(), "k")
-		got <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
-	waiter.Close()
-	select {
-	case err := <-got:
-		if !errors.Is(err, redislock.ErrClosed) {
-			t.Fatalf("wait ended with %v, want ErrClosed", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not end the wait")
-	}
+	redislocktest.CloseEndsWaits(t, newLocker(t, addr, redislock.Config{}), newLocker(t, addr, redislock.Config{}))
 }
 
 func newLocker(t *testing.T, addr string, cfg redislock.Config) *redislock.Locker {
-	c, err := redisconn.Open(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := redislock.New(c, cfg)
-	t.Cleanup(func() { l.Close(); c.Close() })
-	return l
+	return redislocktest.NewLocker(t, addr, cfg)
 }
 
 // A try whose reply is lost after the SET ran (ctx ended while the reply
@@ -288,11 +158,11 @@ func TestLostReplyRemoved(t *testing.T) {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Acquire: %v, want an error wrapping context.DeadlineExceeded", err)
 		}
-		if admin.Get(t.Context(), lockKey(key)+":fence").Val() == "" {
+		if admin.Get(t.Context(), redislocktest.LockKey(key)+":fence").Val() == "" {
 			continue // the SET never ran
 		}
-		if n := admin.Exists(t.Context(), lockKey(key)).Val(); n != 0 {
-			t.Fatalf("the key of a try whose reply was lost is still there (PTTL %v)", admin.PTTL(t.Context(), lockKey(key)).Val())
+		if n := admin.Exists(t.Context(), redislocktest.LockKey(key)).Val(); n != 0 {
+			t.Fatalf("the key of a try whose reply was lost is still there (PTTL %v)", admin.PTTL(t.Context(), redislocktest.LockKey(key)).Val())
 		}
 		return
 	}

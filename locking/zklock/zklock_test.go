@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,13 +19,11 @@ import (
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/zklock"
+	"github.com/oversold-lab/oversold/locking/zklock/internal/zklocktest"
 )
 
-// config is what the suite opens a Locker from.
-type config struct {
-	Servers []string
-	TTL     time.Duration // the session timeout
-}
+// config is the suite's, shared with the hardening packages' tests.
+type config = zklocktest.Config
 
 // open is how the suite opens this backend, here and in its helper
 // processes. The Locker dials ZooKeeper itself: the session is the lease.
@@ -36,9 +33,8 @@ func open(ctx context.Context, c config) (locking.Locker, error) {
 
 func TestMain(m *testing.M) { locktest.Main(m, open) }
 
-// ttl is the session timeout for the suite: short, yet safe from spurious
-// expiry on a busy 2-core machine under -race.
-const ttl = 2 * time.Second
+// ttl is the suite's session timeout.
+const ttl = zklocktest.TTL
 
 func TestConformance(t *testing.T) { conformance(t, testbed.ZooKeeper(t)) }
 
@@ -47,127 +43,57 @@ func TestConformance(t *testing.T) { conformance(t, testbed.ZooKeeper(t)) }
 func TestConformanceEnsemble(t *testing.T) { conformance(t, testbed.ZooKeeperEnsemble(t)) }
 
 func conformance(t *testing.T, servers []string) {
-	locktest.Run(t, locktest.Backend[config]{
-		Name:   "zookeeper",
-		Config: config{Servers: servers, TTL: ttl},
-		TTL:    ttl,
-		// Replace the holder's node (the lowest in the key's queue) with a
-		// rival's persistent one, which then holds the key.
-		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
-			var rival string
-			err := withConn(ctx, servers, func(c *zk.Conn) error {
-				queue, err := children(c, key)
-				if err != nil {
-					return err
-				}
-				if len(queue) == 0 {
-					return errors.New("no holder to take over from")
-				}
-				if err := c.Delete(parent(key)+"/"+queue[0], -1); err != nil {
-					return err
-				}
-				rival, err = c.Create(parent(key)+"/_c_rival-lock-", nil, zk.FlagSequence, zk.WorldACL(zk.PermAll))
-				return err
-			})
-			return func(ctx context.Context) error {
-				return withConn(ctx, servers, func(c *zk.Conn) error { return c.Delete(rival, -1) })
-			}, err
-		},
-		QueueConfig: &config{Servers: servers, TTL: ttl},
-		Leftovers:   queueLength(servers),
-		State: func(ctx context.Context) (state string, err error) {
-			err = withConn(ctx, servers, func(c *zk.Conn) error {
-				keys, _, err := c.Children(zklock.DefaultRoot)
-				state = fmt.Sprintf("%d key parents under %s", len(keys), zklock.DefaultRoot)
-				if errors.Is(err, zk.ErrNoNode) {
-					return nil
-				}
-				return err
-			})
-			return state, err
-		},
-		Footprint: func(ctx context.Context) (map[string]int, error) {
-			conns, err := testbed.Connections(servers...)
+	b := zklocktest.Backend(servers)
+	b.State = func(ctx context.Context) (state string, err error) {
+		err = withConn(ctx, servers, func(c *zk.Conn) error {
+			keys, _, err := c.Children(zklock.DefaultRoot)
+			state = fmt.Sprintf("%d key parents under %s", len(keys), zklock.DefaultRoot)
+			if errors.Is(err, zk.ErrNoNode) {
+				return nil
+			}
+			return err
+		})
+		return state, err
+	}
+	b.Footprint = func(ctx context.Context) (map[string]int, error) {
+		conns, err := testbed.Connections(servers...)
+		if err != nil {
+			return nil, err
+		}
+		fp := map[string]int{"connections": conns}
+		for _, addr := range servers {
+			// "N connections watching M paths\nTotal watches:K"
+			wchs, err := testbed.ZKFourLetter(ctx, addr, "wchs")
 			if err != nil {
 				return nil, err
 			}
-			fp := map[string]int{"connections": conns}
-			for _, addr := range servers {
-				// "N connections watching M paths\nTotal watches:K"
-				wchs, err := testbed.ZKFourLetter(ctx, addr, "wchs")
-				if err != nil {
-					return nil, err
-				}
-				_, total, ok := strings.Cut(wchs, "Total watches:")
-				w, err := strconv.Atoi(strings.TrimSpace(total))
-				if !ok || err != nil {
-					return nil, fmt.Errorf("wchs: %q", wchs)
-				}
-				fp["watches"] += w
+			_, total, ok := strings.Cut(wchs, "Total watches:")
+			w, err := strconv.Atoi(strings.TrimSpace(total))
+			if !ok || err != nil {
+				return nil, fmt.Errorf("wchs: %q", wchs)
 			}
-			err = withConn(ctx, servers, func(c *zk.Conn) error {
-				keys, _, err := c.Children(zklock.DefaultRoot)
-				fp["key parents"] = len(keys)
-				if errors.Is(err, zk.ErrNoNode) {
-					return nil // the root is a container too, reaped once empty
-				}
-				return err
-			})
-			return fp, err
-		},
-		Servers: servers,
-		Through: func(addrs []string) config { return config{Servers: addrs, TTL: ttl} },
-		Expiry:  ttl,
-	})
-}
-
-func parent(key string) string { return zklock.DefaultRoot + "/" + zklock.Escape(key) }
-
-// children lists the key's queue, lowest sequence first.
-func children(c *zk.Conn, key string) ([]string, error) {
-	names, _, err := c.Children(parent(key))
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil, nil
-	}
-	slices.SortFunc(names, func(a, b string) int {
-		return strings.Compare(a[strings.LastIndex(a, "-"):], b[strings.LastIndex(b, "-"):])
-	})
-	return names, err
-}
-
-// queueLength counts the nodes in a key's queue (holder and waiters).
-func queueLength(servers []string) func(ctx context.Context, key string) (int, error) {
-	return func(ctx context.Context, key string) (n int, err error) {
+			fp["watches"] += w
+		}
 		err = withConn(ctx, servers, func(c *zk.Conn) error {
-			queue, err := children(c, key)
-			n = len(queue)
+			keys, _, err := c.Children(zklock.DefaultRoot)
+			fp["key parents"] = len(keys)
+			if errors.Is(err, zk.ErrNoNode) {
+				return nil // the root is a container too, reaped once empty
+			}
 			return err
 		})
-		return n, err
+		return fp, err
 	}
+	locktest.Run(t, b)
 }
 
-// withConn runs f on a fresh connection, closed before it returns, so no
-// goroutine of it outlives the call.
-func withConn(ctx context.Context, servers []string, f func(*zk.Conn) error) error {
-	c, events, err := zk.Connect(servers, 5*time.Second, zk.WithLogInfo(false))
-	if err != nil {
-		return err
-	}
-	defer func() {
-		c.Close()
-		for range events {
-		}
-	}()
-	for c.State() != zk.StateHasSession {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return f(c)
-}
+var (
+	parent      = zklocktest.Parent
+	children    = zklocktest.Children
+	queueLength = zklocktest.QueueLength
+	withConn    = zklocktest.WithConn
+	eventually  = zklocktest.Eventually
+)
 
 // The tests below cover what is particular to ZooKeeper; the contract
 // itself is the suite's.
@@ -223,47 +149,12 @@ func TestTokenSurvivesParentRecreation(t *testing.T) {
 // expire it, and the Locker must serve again once the server is back.
 func TestLostWhenServerPaused(t *testing.T) {
 	srv := locktest.PrivateServer(t, testbed.StartZooKeeper)
-	const timeout = time.Second
-	l, err := zklock.New(t.Context(), []string{srv.Addr}, zklock.Config{SessionTimeout: timeout})
+	l, err := zklock.New(t.Context(), []string{srv.Addr}, zklock.Config{SessionTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	lease, err := l.Acquire(t.Context(), "sku/paused")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	paused := time.Now()
-	select {
-	case <-lease.Lost():
-		took := time.Since(paused)
-		t.Logf("Lost closed %v after the server paused (session timeout %v)", took.Round(time.Millisecond), l.SessionTimeout())
-		// Late is wrong, not slow: the server may grant the key at the TTL.
-		if took > l.SessionTimeout()+time.Second {
-			t.Errorf("Lost closed %v after the server paused, later than the session timeout allows", took)
-		}
-	case <-time.After(timeout + 5*time.Second):
-		t.Fatalf("Lost still open %v after the server paused", time.Since(paused))
-	}
-	if err := srv.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	// The session may or may not have survived the pause.
-	if err := lease.Release(ctx); err != nil && !errors.Is(err, locking.ErrNotHeld) {
-		t.Errorf("release after the pause: %v", err)
-	}
-	again, err := l.Acquire(ctx, "sku/paused")
-	if err != nil {
-		t.Fatalf("acquire after the server came back: %v", err)
-	}
-	if err := again.Release(ctx); err != nil {
-		t.Error(err)
-	}
+	locktest.LostWhenServerPaused(t, srv, l, l.SessionTimeout())
 }
 
 func BenchmarkAcquireRelease(b *testing.B) {
@@ -434,14 +325,4 @@ func waitFor(t *testing.T, ok func() bool) {
 	if !eventually(ok) {
 		t.Fatal("condition not met within 10s")
 	}
-}
-
-// eventually polls ok every 20 ms for up to 10 s, and says whether it held.
-func eventually(ok func() bool) bool {
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if ok() {
-			return true
-		}
-	}
-	return ok()
 }

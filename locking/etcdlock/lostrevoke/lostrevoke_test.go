@@ -8,10 +8,10 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/etcdlock"
+	"github.com/oversold-lab/oversold/locking/etcdlock/internal/etcdlocktest"
 	"github.com/oversold-lab/oversold/locking/etcdlock/lostrevoke"
 )
 
@@ -25,11 +25,7 @@ func TestMain(m *testing.M) { testbed.Main(m) }
 // either way.
 func TestCloseRevokesSessionLostMeanwhile(t *testing.T) {
 	endpoints := testbed.Etcd(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdlocktest.Client(t, endpoints)
 	for round := range 8 {
 		pfx := fmt.Sprintf("%s/%d", testbed.Prefix(t), round)
 		var (
@@ -101,11 +97,7 @@ func TestCloseRevokesSessionLostMeanwhile(t *testing.T) {
 // once: its keys go now, not at its TTL, and a rival is granted the lock.
 func TestLostSessionRevoked(t *testing.T) {
 	endpoints := testbed.Etcd(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdlocktest.Client(t, endpoints)
 	rev := lostrevoke.New(cli)
 	defer rev.Close()
 	var renewal etcdlock.Renewal

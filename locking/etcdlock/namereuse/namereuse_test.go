@@ -11,11 +11,11 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/etcdlock"
+	"github.com/oversold-lab/oversold/locking/etcdlock/internal/etcdlocktest"
 	"github.com/oversold-lab/oversold/locking/etcdlock/namereuse"
 	"github.com/oversold-lab/oversold/locking/etcdlock/quickwake"
 )
@@ -50,10 +50,7 @@ func (w *hookWaiter) WaitDelete(ctx context.Context, cli *clientv3.Client, pred 
 // newLocker opens a Locker whose waiters wait with w (the recipe's when nil).
 func newLocker(t *testing.T, endpoints []string, w etcdlock.Waiter) *locker {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli := etcdlocktest.Client(t, endpoints)
 	if w == nil {
 		w = etcdlock.WatchDelete{}
 	}
@@ -65,14 +62,11 @@ func newLocker(t *testing.T, endpoints []string, w etcdlock.Waiter) *locker {
 		l.mu.Unlock()
 		return ns
 	}}
+	var err error
 	if l.Locker, err = etcdlock.New(t.Context(), cli, cfg); err != nil {
-		cli.Close()
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		l.Close()
-		cli.Close()
-	})
+	t.Cleanup(func() { l.Close() })
 	return l
 }
 
@@ -85,15 +79,7 @@ func (l *locker) current() *namereuse.Names {
 // queue is the prefix of key's queue.
 func queue(key string) string { return etcdlock.DefaultPrefix + "/" + url.PathEscape(key) + "/" }
 
-// withClient runs f on a fresh client, closed before it returns.
-func withClient(endpoints []string, f func(*clientv3.Client) error) error {
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return f(c)
-}
+var withClient = etcdlocktest.WithClient
 
 // names lists the keys in key's queue, oldest first.
 func names(t *testing.T, endpoints []string, key string) []string {

@@ -5,11 +5,9 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/etcdlock"
+	"github.com/oversold-lab/oversold/locking/etcdlock/internal/etcdlocktest"
 	"github.com/oversold-lab/oversold/locking/etcdlock/quickwake"
 )
 
@@ -22,11 +20,7 @@ func TestMain(m *testing.M) { testbed.Main(m) }
 // event that already happened. The recipe's waiter, whose watch starts in
 // the past, passes the same checks.
 func TestWaitDeleteSeesWhatCameBeforeTheWatch(t *testing.T) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: testbed.Etcd(t), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdlocktest.Client(t, testbed.Etcd(t))
 	for name, w := range map[string]etcdlock.Waiter{"quickwake": quickwake.Waiter{}, "recipe": etcdlock.WatchDelete{}} {
 		for _, again := range []bool{false, true} {
 			key := testbed.Prefix(t) + "/pred"

@@ -8,6 +8,7 @@ import (
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
+	"github.com/oversold-lab/oversold/locking/mysqllock/internal/mysqllocktest"
 )
 
 func TestMain(m *testing.M) { testbed.Main(m) }
@@ -21,19 +22,8 @@ func lockerWithTTL(t *testing.T, dsn string, ttl time.Duration) *mysqllock.Locke
 	return l
 }
 
-func openDB(t *testing.T, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
+func openDB(t *testing.T, dsn string) *sql.DB { return mysqllocktest.OpenDB(t, dsn) }
 
-func mustExec(t *testing.T, db *sql.DB, q string) {
-	t.Helper()
-	if _, err := db.ExecContext(t.Context(), q); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
-}
+func mustExec(t *testing.T, db *sql.DB, q string) { mysqllocktest.MustExec(t, db, q) }
+
+func waitFor(t *testing.T, cond func() bool) { mysqllocktest.WaitFor(t, cond) }

@@ -12,6 +12,7 @@ import (
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/mysqllock"
+	"github.com/oversold-lab/oversold/locking/mysqllock/internal/mysqllocktest"
 	"github.com/oversold-lab/oversold/locking/mysqllock/memtable"
 	"github.com/oversold-lab/oversold/locking/mysqllock/namedqueue"
 )
@@ -20,87 +21,9 @@ import (
 // neither case had a test, and the code for each could be taken out with
 // every test still passing.
 
-// A grant won as the caller gives up is freed: the grab statement is never
-// abandoned halfway, so it can land just as ctx ends; its row must then be
-// deleted, or the key stays blocked for a whole TTL with nobody holding
-// it. The grab is held up by a table lock until ctx has ended, then let
-// through.
+// A grant won as the caller gives up is freed (mysqllocktest has the why).
 func TestGrantAsCallerGivesUpIsFreed(t *testing.T) {
-	dsn := testbed.MySQL(t)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	const ttl = 30 * time.Second // a row left behind outlives every wait below
-	l := lockerWithTTL(t, dsn, ttl)
-	callerCtx, giveUp := context.WithCancel(ctx)
-	defer giveUp()
-	unlock, acquired := acquireHeldUp(t, callerCtx, l, dsn, "sku/given-up")
-	giveUp()
-	unlock()
-	r := <-acquired
-	if r.err == nil {
-		t.Fatalf("Acquire given up during its grab returned a lease (token %#x) and no error", r.lease.Token())
-	}
-	if !errors.Is(r.err, context.Canceled) {
-		t.Errorf("Acquire given up during its grab: %v, want context.Canceled", r.err)
-	}
-	if n := liveRows(t, openDB(t, dsn), "sku/given-up"); n != 0 {
-		t.Errorf("the grant won as the caller gave up keeps its row (%d): the key is blocked for a TTL", n)
-	}
-	rctx, rcancel := context.WithTimeout(ctx, ttl/2)
-	defer rcancel()
-	lease, err := lockerWithTTL(t, dsn, ttl).Acquire(rctx, "sku/given-up")
-	if err != nil {
-		t.Fatalf("a rival after the caller gave up: %v", err)
-	}
-	if err := lease.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
-type acquired struct {
-	lease locking.Lease
-	err   error
-}
-
-// acquireHeldUp starts l.Acquire(ctx, key), l on the database of dsn, with
-// its grab held up by a table lock, and returns once the grab waits for it:
-// unlock lets it through, and the Acquire's result then comes on the
-// channel. l has granted nothing yet; a first turn on another key makes
-// the tables, the statements and an idle queue connection.
-func acquireHeldUp(t *testing.T, ctx context.Context, l *mysqllock.Locker, dsn, key string) (unlock func(), result <-chan acquired) {
-	t.Helper()
-	warm, err := l.Acquire(ctx, "warm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	other := openDB(t, dsn)
-	blocker, err := other.Conn(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { blocker.Close() })
-	if _, err := blocker.ExecContext(t.Context(), "LOCK TABLES oversold_leases WRITE"); err != nil {
-		t.Fatal(err)
-	}
-	res := make(chan acquired, 1)
-	go func() {
-		s, err := l.Acquire(ctx, key)
-		res <- acquired{s, err}
-	}()
-	waitFor(t, func() bool { // the grab waits for the table lock
-		var n int
-		other.QueryRowContext(t.Context(), `SELECT COUNT(*) FROM information_schema.PROCESSLIST
-WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO oversold_leases%' AND STATE LIKE '%lock%'`).Scan(&n)
-		return n > 0
-	})
-	return func() {
-		if _, err := blocker.ExecContext(t.Context(), "UNLOCK TABLES"); err != nil {
-			t.Fatal(err)
-		}
-	}, res
+	mysqllocktest.GrantAsCallerGivesUpIsFreed(t, testbed.MySQL(t), table, lockerWithTTL)
 }
 
 // A waiter first in line whose ctx ended as it was woken sends no grab: a
@@ -201,12 +124,6 @@ func lockerWithTTL(t *testing.T, dsn string, ttl time.Duration) *mysqllock.Locke
 	return l
 }
 
-// liveRows counts the key's rows whose lease has not run out.
-func liveRows(t *testing.T, db *sql.DB, key string) (n int) {
-	t.Helper()
-	if err := db.QueryRowContext(t.Context(), `SELECT COUNT(*) FROM oversold_leases
-WHERE lock_key = ? AND expires_at >= UTC_TIMESTAMP(6)`, key).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+func liveRows(t *testing.T, db *sql.DB, key string) int {
+	return mysqllocktest.LiveRows(t, db, table, key)
 }

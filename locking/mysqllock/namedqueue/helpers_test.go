@@ -3,24 +3,13 @@ package namedqueue_test
 import (
 	"database/sql"
 	"testing"
-	"time"
+
+	"github.com/oversold-lab/oversold/locking/mysqllock/internal/mysqllocktest"
 )
 
-func openDB(t *testing.T, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
+// table is the hardened composition's lease table (the memtable's).
+const table = "oversold_leases"
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out waiting")
-		}
-	}
-}
+func openDB(t *testing.T, dsn string) *sql.DB { return mysqllocktest.OpenDB(t, dsn) }
+
+func waitFor(t *testing.T, cond func() bool) { mysqllocktest.WaitFor(t, cond) }

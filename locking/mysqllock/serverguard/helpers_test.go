@@ -5,23 +5,11 @@ import (
 	"testing"
 
 	"github.com/oversold-lab/oversold/internal/testbed"
+	"github.com/oversold-lab/oversold/locking/mysqllock/internal/mysqllocktest"
 )
 
 func TestMain(m *testing.M) { testbed.Main(m) }
 
-func openDB(t *testing.T, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
+func openDB(t *testing.T, dsn string) *sql.DB { return mysqllocktest.OpenDB(t, dsn) }
 
-func mustExec(t *testing.T, db *sql.DB, q string) {
-	t.Helper()
-	if _, err := db.ExecContext(t.Context(), q); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
-}
+func mustExec(t *testing.T, db *sql.DB, q string) { mysqllocktest.MustExec(t, db, q) }

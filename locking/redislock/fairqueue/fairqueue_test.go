@@ -2,14 +2,8 @@ package fairqueue_test
 
 import (
 	"context"
-	"fmt"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
@@ -17,15 +11,12 @@ import (
 	"github.com/oversold-lab/oversold/locking/locktest"
 	"github.com/oversold-lab/oversold/locking/redislock"
 	"github.com/oversold-lab/oversold/locking/redislock/fairqueue"
+	"github.com/oversold-lab/oversold/locking/redislock/internal/redislocktest"
 	"github.com/oversold-lab/oversold/locking/redislock/reclaim"
 )
 
-// config is what the suite opens a Locker from.
-type config struct {
-	Addr         string // one address, or a Cluster's joined by commas
-	TTL          time.Duration
-	FallbackWait time.Duration // 0: the default jittered fallback timer
-}
+// config is the suite's, shared with the recipe's tests.
+type config = redislocktest.Config
 
 // hardened is cfg with the Queue locking/backends composes: this fair
 // queue, and the re-release of a key a failover kept.
@@ -44,7 +35,7 @@ func open(_ context.Context, c config) (locking.Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := hardened(redislock.Config{TTL: c.TTL, MinBackoff: c.FallbackWait, MaxBackoff: c.FallbackWait})
+	cfg := hardened(c.Locker())
 	if broken != "" {
 		cfg.Queue = reclaim.Wrap(fairqueue.Broken(broken))
 	}
@@ -53,49 +44,25 @@ func open(_ context.Context, c config) (locking.Locker, error) {
 
 func TestMain(m *testing.M) { locktest.Main(m, open) }
 
-func lockKey(key string) string { return "lock:{" + key + "}" } // the default prefix
-
-// takeOver sets another owner's value on the lock key, for a minute.
-func takeOver(ctx context.Context, c redis.Cmdable, key string) (func(context.Context) error, error) {
-	if err := c.Set(ctx, lockKey(key), "rival", time.Minute).Err(); err != nil {
-		return nil, err
-	}
-	return func(ctx context.Context) error { return c.Del(ctx, lockKey(key)).Err() }, nil
-}
-
 func TestConformance(t *testing.T) {
 	broken = locktest.Broken()
 	addr := testbed.Redis(t)
-	admin := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { admin.Close() })
-	locktest.Run(t, locktest.Backend[config]{
-		Name:    "redis",
-		Config:  config{Addr: addr, TTL: time.Second},
-		TTL:     time.Second,
-		Servers: []string{addr},
-		Through: func(addrs []string) config { return config{Addr: addrs[0], TTL: time.Second} },
-		TakeOver: func(ctx context.Context, key string) (func(context.Context) error, error) {
-			return takeOver(ctx, admin, key)
-		},
-		QueueConfig: &config{Addr: addr, TTL: time.Minute, FallbackWait: 10 * time.Minute},
-		State: func(ctx context.Context) (string, error) {
-			n, err := admin.DBSize(ctx).Result()
-			return fmt.Sprintf("%d Redis keys (a fence counter per lock key ever used)", n), err
-		},
-		// The lock, and the queue entries and liveness of waiters.
-		Leftovers: func(ctx context.Context, key string) (int, error) {
-			n, err := admin.Exists(ctx, lockKey(key)).Result()
-			if err != nil {
-				return 0, err
-			}
-			q, err := admin.ZCard(ctx, lockKey(key)+":waiters").Result()
-			if err != nil {
-				return 0, err
-			}
-			a, err := admin.ZCard(ctx, lockKey(key)+":alive").Result()
-			return int(n + q + a), err
-		},
-	})
+	b, admin := redislocktest.Backend(t, addr)
+	b.QueueConfig = &config{Addr: addr, TTL: time.Minute, FallbackWait: 10 * time.Minute}
+	// The lock, and the queue entries and liveness of waiters.
+	b.Leftovers = func(ctx context.Context, key string) (int, error) {
+		n, err := admin.Exists(ctx, redislocktest.LockKey(key)).Result()
+		if err != nil {
+			return 0, err
+		}
+		q, err := admin.ZCard(ctx, redislocktest.LockKey(key)+":waiters").Result()
+		if err != nil {
+			return 0, err
+		}
+		a, err := admin.ZCard(ctx, redislocktest.LockKey(key)+":alive").Result()
+		return int(n + q + a), err
+	}
+	locktest.Run(t, b)
 }
 
 // TestSuiteTeeth runs the suite against Lockers each broken in one way, and
@@ -117,17 +84,7 @@ func TestSuiteTeeth(t *testing.T) {
 
 // BenchmarkUncontended measures one Acquire and Release of a free key.
 func BenchmarkUncontended(b *testing.B) {
-	l := benchLocker(b, testbed.Redis(b))
-	ctx := context.Background()
-	for b.Loop() {
-		lease, err := l.Acquire(ctx, "uncontended")
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := lease.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
+	locktest.BenchUncontended(b, benchLocker(b, testbed.Redis(b)))
 }
 
 // BenchmarkHotKey8 measures handoffs of one key among 8 contenders, each
@@ -139,82 +96,23 @@ func BenchmarkHotKey8(b *testing.B) {
 	for i := range lockers {
 		lockers[i] = benchLocker(b, addr)
 	}
-	hotKey(b, lockers)
+	locktest.BenchHotKey(b, lockers)
 }
 
 // BenchmarkHotKey8OneLocker is BenchmarkHotKey8 with the 8 contenders in
 // one Locker: a release wakes one of them, not all.
 func BenchmarkHotKey8OneLocker(b *testing.B) {
 	l := benchLocker(b, testbed.Redis(b))
-	hotKey(b, []*redislock.Locker{l, l, l, l, l, l, l, l})
-}
-
-// hotKey runs one contender per entry of lockers until b.N handoffs.
-func hotKey(b *testing.B, lockers []*redislock.Locker) {
-	ctx := context.Background()
-	var (
-		left atomic.Int64
-		wg   sync.WaitGroup
-	)
-	left.Store(int64(b.N))
-	b.ResetTimer()
-	for _, l := range lockers {
-		wg.Go(func() {
-			for left.Add(-1) >= 0 {
-				lease, err := l.Acquire(ctx, "hot")
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				if err := lease.Release(ctx); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	locktest.BenchHotKey(b, []*redislock.Locker{l, l, l, l, l, l, l, l})
 }
 
 func benchLocker(b *testing.B, addr string) *redislock.Locker {
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	l := redislock.New(c, hardened(redislock.Config{TTL: 5 * time.Second}))
-	b.Cleanup(func() { l.Close(); c.Close() })
-	return l
+	return redislocktest.BenchLocker(b, addr, hardened(redislock.Config{TTL: 5 * time.Second}))
 }
 
-// The same suite on a Redis Cluster of three masters with a replica each:
-// the lock key, its fence counter and its channel share the hash slot of
-// {key}, and the release message reaches a subscriber on any node.
+// The same suite on a Redis Cluster of three masters with a replica each.
 func TestConformanceCluster(t *testing.T) {
-	addrs := testbed.RedisCluster(t)
-	// A client per call: a Cluster client's node clients start goroutines
-	// lazily, which the suite's leak check would count.
-	admin := func(ctx context.Context, do func(*redis.ClusterClient) error) error {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		defer c.Close()
-		return do(c)
-	}
-	locktest.Run(t, locktest.Backend[config]{
-		Name:   "redis",
-		Config: config{Addr: strings.Join(addrs, ","), TTL: time.Second},
-		TTL:    time.Second,
-		TakeOver: func(ctx context.Context, key string) (drop func(context.Context) error, err error) {
-			err = admin(ctx, func(c *redis.ClusterClient) error { _, err := takeOver(ctx, c, key); return err })
-			drop = func(ctx context.Context) error {
-				return admin(ctx, func(c *redis.ClusterClient) error { return c.Del(ctx, lockKey(key)).Err() })
-			}
-			return drop, err
-		},
-		Leftovers: func(ctx context.Context, key string) (n int, err error) {
-			err = admin(ctx, func(c *redis.ClusterClient) error {
-				m, err := c.Exists(ctx, lockKey(key)).Result()
-				n = int(m)
-				return err
-			})
-			return n, err
-		},
-	})
+	locktest.Run(t, redislocktest.ClusterBackend(testbed.RedisCluster(t)))
 }
 
 // A woken waiter keeps its place: newcomers do not jump the queue.

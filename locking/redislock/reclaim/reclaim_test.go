@@ -3,10 +3,10 @@ package reclaim_test
 import (
 	"testing"
 
-	"github.com/oversold-lab/oversold/internal/redisconn"
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/redislock"
 	"github.com/oversold-lab/oversold/locking/redislock/fairqueue"
+	"github.com/oversold-lab/oversold/locking/redislock/internal/redislocktest"
 	"github.com/oversold-lab/oversold/locking/redislock/reclaim"
 )
 
@@ -19,14 +19,8 @@ func hardened(cfg redislock.Config) redislock.Config {
 	return cfg
 }
 
-func lockKey(key string) string { return "lock:{" + key + "}" } // the default prefix
+func lockKey(key string) string { return redislocktest.LockKey(key) }
 
 func newLocker(t *testing.T, addr string, cfg redislock.Config) *redislock.Locker {
-	c, err := redisconn.Open(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := redislock.New(c, hardened(cfg))
-	t.Cleanup(func() { l.Close(); c.Close() })
-	return l
+	return redislocktest.NewLocker(t, addr, hardened(cfg))
 }

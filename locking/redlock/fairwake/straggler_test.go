@@ -18,6 +18,7 @@ import (
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/redlock"
+	"github.com/oversold-lab/oversold/locking/redlock/internal/redlocktest"
 )
 
 // An attempt abandoned while a node is stalled past the per-node timeout
@@ -35,8 +36,8 @@ import (
 // at 60 ms, and the undo needs a new connection, whose handshake node 2
 // answers only once it resumes).
 func TestAbandonedAttemptLeavesNothing(t *testing.T) {
-	servers, addrs := ownRedises(t)
-	admins := clients(t, addrs)
+	servers, addrs := redlocktest.OwnRedises(t)
+	admins := redlocktest.Clients(t, addrs)
 	for _, tc := range []struct {
 		name string
 		open func(addr string) redis.UniversalClient
@@ -178,7 +179,7 @@ func leftOn(t *testing.T, c redis.UniversalClient, lock string) string {
 // Without the tombstones the late acquire took the key for a TTL.
 func TestOvertakenAcquireRefused(t *testing.T) {
 	addrs := testbed.Redises(t, 3)
-	admins := clients(t, addrs)
+	admins := redlocktest.Clients(t, addrs)
 	var hold atomic.Bool // the next write on a connection to node 2 is held back
 	var cs []redis.UniversalClient
 	for i, a := range addrs {
@@ -295,14 +296,14 @@ func (c *heldConn) Close() error {
 // add two entries a handoff to node 2, each kept a TTL.
 func TestHealthyPathBuriesNothing(t *testing.T) {
 	addrs := testbed.Redises(t, 3)
-	paths, proxies := proxied(t, addrs)
+	paths, proxies := redlocktest.Proxied(t, addrs)
 	if err := proxies[2].Latency(20 * time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	// Node 2's requests (a dial, the handshake, the script: up to 120 ms)
 	// well within the node timeout, even on a loaded machine.
 	l := proxiedLocker(t, paths, redlock.Config{TTL: 4 * time.Second, NodeTimeout: time.Second})
-	admin := clients(t, addrs[2:])[0]
+	admin := redlocktest.Clients(t, addrs[2:])[0]
 	const lock = "lock:{healthy}"
 	for range 5 {
 		lease, err := l.Acquire(t.Context(), "healthy")

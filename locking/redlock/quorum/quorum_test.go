@@ -20,6 +20,7 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/redlock"
+	"github.com/oversold-lab/oversold/locking/redlock/internal/redlocktest"
 )
 
 // minQuorumRatio is the share of the all-healthy handoff rate a hot key
@@ -80,7 +81,7 @@ func quorumGroups(t *testing.T, n int, waitAll bool) [2][]*redlock.Locker {
 	cfg := redlock.Config{TTL: 2 * time.Second, NodeTimeout: 300 * time.Millisecond}
 	var groups [2][]*redlock.Locker
 	for g := range groups {
-		paths, proxies := proxied(t, addrs)
+		paths, proxies := redlocktest.Proxied(t, addrs)
 		if g == 1 {
 			if err := proxies[0].Cut(); err != nil {
 				t.Fatal(err)
@@ -168,7 +169,7 @@ func hotKey(t *testing.T, lockers []*redlock.Locker, key string, d time.Duration
 // node 2 off on every attempt until its ctx ends.
 func TestQuorumHearsAFartherNode(t *testing.T) {
 	addrs := testbed.Redises(t, 3)
-	paths, proxies := proxied(t, addrs)
+	paths, proxies := redlocktest.Proxied(t, addrs)
 	if err := proxies[2].Latency(3 * time.Millisecond); err != nil {
 		t.Fatal(err)
 	}

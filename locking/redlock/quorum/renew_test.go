@@ -11,6 +11,7 @@ import (
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/backends"
 	"github.com/oversold-lab/oversold/locking/redlock"
+	"github.com/oversold-lab/oversold/locking/redlock/internal/redlocktest"
 )
 
 // A renewal renews every node it can reach, not just the majority that
@@ -22,7 +23,7 @@ import (
 // 2's key would expire at the TTL while the lease lives on.
 func TestRenewalReachesSlowerNode(t *testing.T) {
 	addrs := testbed.Redises(t, 3)
-	paths, proxies := proxied(t, addrs)
+	paths, proxies := redlocktest.Proxied(t, addrs)
 	if err := proxies[2].Latency(20 * time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestRenewalReachesSlowerNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	admins := clients(t, addrs)
+	admins := redlocktest.Clients(t, addrs)
 	lease, err := l.Acquire(t.Context(), "renewed")
 	if err != nil {
 		t.Fatal(err)
