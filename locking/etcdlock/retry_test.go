@@ -35,6 +35,7 @@ func TestWriteRetriedAcrossLeaderChange(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var armed atomic.Bool
+			var other func(context.Context) error // a write of someone else's
 			fail := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 				if method != c.method || !armed.CompareAndSwap(true, false) {
 					return invoke(ctx, method, req, reply, cc, opts...)
@@ -42,6 +43,11 @@ func TestWriteRetriedAcrossLeaderChange(t *testing.T) {
 				if c.landed {
 					if err := invoke(ctx, method, req, reply, cc, opts...); err != nil {
 						t.Errorf("the write to fail after it landed: %v", err)
+					}
+					// The revision moves on before the retry: its own is no
+					// longer our key's create revision.
+					if err := other(ctx); err != nil {
+						t.Error(err)
 					}
 				}
 				return c.err
@@ -53,6 +59,7 @@ func TestWriteRetriedAcrossLeaderChange(t *testing.T) {
 			}
 			defer cli.Close()
 			pfx := testbed.Prefix(t)
+			other = func(ctx context.Context) error { _, err := cli.Put(ctx, pfx+"/other", ""); return err }
 			l, err := etcdlock.New(t.Context(), cli, etcdlock.Config{TTL: 30 * time.Second, Prefix: pfx})
 			if err != nil {
 				t.Fatal(err)
