@@ -49,7 +49,7 @@ const (
 	DefaultTTL = 10 * time.Second
 
 	watchDelay   = 20 * time.Millisecond // a lease held this long watches its key
-	tries        = 5                     // requeues of one Acquire
+	tries        = 5                     // requeues of one Acquire; tries of a write
 	closeTimeout = 2 * time.Second       // Close's revoke; else the lease expires
 )
 
@@ -225,33 +225,38 @@ func (l *Locker) enqueue(ctx context.Context, sess *session, pfx, me string) (qu
 	}
 }
 
-// create puts our key, if not there yet, and reads the head of the queue.
+// create puts our key, if not there yet, and reads the head of the queue,
+// tried again on failure: a failed try may have landed, found then (Else).
 func (l *Locker) create(sess *session, pfx, me string) queued {
 	ctx, cancel := context.WithTimeout(sess.ctx, sess.ttl)
 	defer cancel()
 	head := clientv3.OpGet(pfx, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)
-	resp, err := l.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(me), "=", 0)).
-		Then(clientv3.OpPut(me, "", clientv3.WithLease(sess.id)), head).
-		Else(clientv3.OpGet(me, clientv3.WithKeysOnly()), head).
-		Commit()
-	switch {
-	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		sess.r.MarkLost() // the next session() grants a new one
-		return queued{err: errRequeue}
-	case err != nil && l.ctx.Err() != nil:
-		return queued{err: errClosed}
-	case err != nil:
-		return queued{err: fmt.Errorf("%w: %w", locking.ErrUnavailable, err)}
+	for try := 0; ; try++ {
+		resp, err := l.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(me), "=", 0)).
+			Then(clientv3.OpPut(me, "", clientv3.WithLease(sess.id)), head).
+			Else(clientv3.OpGet(me, clientv3.WithKeysOnly()), head).
+			Commit()
+		switch {
+		case err == nil:
+			q := queued{rev: resp.Header.Revision, seen: resp.Header.Revision}
+			if !resp.Succeeded {
+				q.rev = resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
+			}
+			if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+				q.first = kvs[0].CreateRevision == q.rev
+			}
+			return q
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			sess.r.MarkLost() // the next session() grants a new one
+			return queued{err: errRequeue}
+		case l.ctx.Err() != nil:
+			return queued{err: errClosed}
+		}
+		if try == tries-1 || !sleep(ctx, backoff(try)) {
+			return queued{err: fmt.Errorf("%w: %w", locking.ErrUnavailable, err)}
+		}
 	}
-	q := queued{rev: resp.Header.Revision, seen: resp.Header.Revision}
-	if !resp.Succeeded {
-		q.rev = resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
-	}
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		q.first = kvs[0].CreateRevision == q.rev
-	}
-	return q
 }
 
 // wait waits until ours is the oldest key in the queue. Failed requests are
@@ -416,7 +421,8 @@ func (s *lease) watch(ctx context.Context, seen int64) {
 }
 
 // Release deletes our key, a plain delete as concurrency.Mutex's Unlock:
-// the name is ours alone (Namer). Deleted == 0: the lease was not held.
+// the name is ours alone (Namer), retried within ctx as create is. Deleted
+// == 0: the lease was not held, or, on a retry, an earlier try landed.
 func (s *lease) Release(ctx context.Context) error {
 	notHeld := fmt.Errorf("release %q: %w", s.key, locking.ErrNotHeld)
 	if !s.released.CompareAndSwap(false, true) {
@@ -429,7 +435,11 @@ func (s *lease) Release(ctx context.Context) error {
 		return notHeld // Close revoked the session and deleted the key
 	}
 	resp, err := l.cli.Delete(ctx, s.me)
-	s.give(err == nil)
+	retries := 0
+	for ; err != nil && retries < tries-1 && l.ctx.Err() == nil && sleep(ctx, backoff(retries)); retries++ {
+		resp, err = l.cli.Delete(ctx, s.me)
+	}
+	s.give(err == nil && retries == 0) // a failed try may land later
 	switch {
 	case err != nil:
 		// A key left behind would hold the lock as long as the session lives.
@@ -438,7 +448,7 @@ func (s *lease) Release(ctx context.Context) error {
 			return fmt.Errorf("release %q: %w: %w", s.key, locking.ErrNotHeld, err)
 		}
 		return fmt.Errorf("release %q: %w: %w", s.key, locking.ErrUnavailable, err)
-	case resp.Deleted == 0:
+	case resp.Deleted == 0 && retries == 0:
 		s.markLost()
 		return notHeld
 	}
