@@ -223,6 +223,7 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	held, after, err := s.store.Hold(wctx, s.cfg.Guard, row, ttl, moves)
 	cancel()
+	s.reservationWritten(ctx, row.ID, "hold", lines[0].SKU, row.Token, err)
 	// Whatever the write's outcome, what follows runs on a context of its
 	// own: the write's may be what ran out.
 	actx, cancel := afterCommit(ctx)
@@ -235,12 +236,9 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	return held, false, nil
 }
 
-// reservationHook calls Config.FaultHook, if set (the lab only), at a
-// reservation's hook point.
+// reservationHook tells the observers of a reservation's step at.
 func (s *Service) reservationHook(ctx context.Context, at HookPoint, id, op, sku string, tok uint64, key string) {
-	if s.cfg.FaultHook != nil {
-		s.cfg.FaultHook(ctx, at, HookInfo{SKU: sku, Key: key, Token: tok, Reservation: id, Op: op})
-	}
+	s.observe(ctx, Event{At: at, HookInfo: HookInfo{SKU: sku, Key: key, Token: tok, Reservation: id, Op: op}})
 }
 
 // replayHold answers a key already used: its reservation if the request
@@ -271,12 +269,10 @@ func (s *Service) replayHold(ctx context.Context, req HoldRequest) (storage.Rese
 func (s *Service) holdRefused(ctx context.Context, req HoldRequest, row storage.Reservation, leases *multi.Leases, err error) (storage.Reservation, bool, error) {
 	switch {
 	case errors.Is(err, storage.ErrConflict):
-		s.metrics.guardConflicts.Inc()
 		s.refreshLines(ctx, row.Lines, leases)
 	case errors.Is(err, storage.ErrOutOfStock): // atomic guard: the read was behind
 		s.refreshLines(ctx, row.Lines, leases)
 	case errors.Is(err, storage.ErrStaleFence):
-		s.metrics.guardConflicts.Inc()
 		err = fmt.Errorf("%w: %w", ErrLockLost, err)
 	case errors.Is(err, storage.ErrDuplicate):
 		// A concurrent request with the key, a hold or an order,
@@ -384,6 +380,7 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	done, after, err := s.store.Settle(wctx, s.cfg.Guard, st, moves)
 	cancel()
+	s.reservationWritten(ctx, id, opOf[to], r.Lines[0].SKU, hookToken, err)
 	// After the write, a context of its own: the write's may be what ran
 	// out (a slow MySQL), and the request's may have ended meanwhile.
 	actx, cancel := afterCommit(ctx)
@@ -421,12 +418,10 @@ func (s *Service) settleOutcome(actx context.Context, id string, r storage.Reser
 	case errors.Is(err, storage.ErrSettled):
 		return settled(done, to)
 	case errors.Is(err, storage.ErrConflict):
-		s.metrics.guardConflicts.Inc()
 		s.refreshLines(actx, r.Lines, leases)
 	case errors.Is(err, storage.ErrOutOfStock):
 		s.refreshLines(actx, r.Lines, leases)
 	case errors.Is(err, storage.ErrStaleFence), errors.Is(err, storage.ErrStaleSweeper):
-		s.metrics.guardConflicts.Inc()
 		err = fmt.Errorf("%w: %w", ErrLockLost, err)
 	default:
 		// Unknown outcome: MySQL says whether the status changed.
@@ -499,7 +494,7 @@ func (s *Service) acquireAll(ctx context.Context, skus []string) (*multi.Leases,
 	defer cancel()
 	start := time.Now()
 	leases, err := multi.Acquire(wait, s.locker, keys)
-	s.metrics.lockWait.Observe(time.Since(start).Seconds())
+	s.observe(ctx, Event{At: StepAcquired, HookInfo: HookInfo{SKU: skus[0]}, Wait: time.Since(start)})
 	switch {
 	case err == nil:
 		holds := make([]*holding, len(leases.Leases()))
@@ -517,27 +512,30 @@ func (s *Service) acquireAll(ctx context.Context, skus []string) (*multi.Leases,
 }
 
 // releaseAll releases the leases after the commit, on a context of its
-// own, and logs their lease records.
+// own, and tells the observers (the lease records).
 func (s *Service) releaseAll(ctx context.Context, leases *multi.Leases, holds []*holding) {
 	if leases == nil {
 		return
 	}
 	lost := make([]*time.Time, len(holds))
 	for i, l := range leases.Leases() {
-		if lost[i] = holds[i].end(l); lost[i] != nil {
-			s.metrics.leasesLost.Inc()
-		}
+		lost[i] = holds[i].end(l)
 	}
 	released := time.Now()
 	rctx, cancel := afterCommit(ctx)
 	defer cancel()
-	if err := leases.Release(rctx); err != nil {
-		s.log.Warn("lock release failed", "keys", len(leases.Leases()), "err", err)
-	}
+	err := leases.Release(rctx)
+	held := make([]Held, len(holds))
 	for i, l := range leases.Leases() {
-		s.metrics.lockHold.Observe(time.Since(holds[i].granted).Seconds())
-		s.leaseRecord(l, holds[i], lost[i], released)
+		held[i] = holds[i].record(l, lost[i], released)
 	}
+	s.observe(rctx, Event{At: StepReleased, Err: err, Held: held})
+}
+
+// reservationWritten tells the observers of a hold's or a settlement's
+// write, settled with err.
+func (s *Service) reservationWritten(ctx context.Context, id, op, sku string, tok uint64, err error) {
+	s.observe(ctx, Event{At: StepReservationWritten, HookInfo: HookInfo{SKU: sku, Token: tok, Reservation: id, Op: op}, Err: err})
 }
 
 // token is the fencing token of sku's lease, 0 without one.
