@@ -103,7 +103,7 @@ func (s *Service) view(ctx context.Context, r storage.Reservation) (Reservation,
 		v.Lines = append(v.Lines, Line{SKU: l.SKU, Quantity: l.Quantity})
 	}
 	if r.Status == storage.StatusConfirmed {
-		ids, err := s.store.ReservationOrders(ctx, r.ID)
+		ids, err := s.holds.ReservationOrders(ctx, r.ID)
 		if err != nil {
 			return Reservation{}, err
 		}
@@ -114,7 +114,7 @@ func (s *Service) view(ctx context.Context, r storage.Reservation) (Reservation,
 
 // GetReservation returns the reservation with id.
 func (s *Service) GetReservation(ctx context.Context, id string) (Reservation, error) {
-	r, err := s.store.Reservation(ctx, id)
+	r, err := s.holds.Reservation(ctx, id)
 	if err != nil {
 		return Reservation{}, err
 	}
@@ -221,7 +221,7 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	}
 
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	held, after, err := s.store.Hold(wctx, s.cfg.Guard, row, ttl, moves)
+	held, after, err := s.holds.Hold(wctx, s.cfg.Guard, row, ttl, moves)
 	cancel()
 	s.reservationWritten(ctx, row.ID, "hold", lines[0].SKU, row.Token, err)
 	// Whatever the write's outcome, what follows runs on a context of its
@@ -245,10 +245,10 @@ func (s *Service) reservationHook(ctx context.Context, at HookPoint, id, op, sku
 // is the same, ErrKeyReused if not, or if the key made an order (a key
 // names one request, of either kind); replayed false when the key is new.
 func (s *Service) replayHold(ctx context.Context, req HoldRequest) (storage.Reservation, bool, error) {
-	prev, err := s.store.ReservationByKey(ctx, req.Key)
+	prev, err := s.holds.ReservationByKey(ctx, req.Key)
 	switch {
 	case errors.Is(err, storage.ErrNoReservation):
-		o, oerr := s.store.OrderByKey(ctx, req.Key)
+		o, oerr := s.holds.OrderByKey(ctx, req.Key)
 		switch {
 		case oerr == nil:
 			return storage.Reservation{}, false, fmt.Errorf("key names order %s: %w", o.ID, ErrKeyReused)
@@ -285,7 +285,7 @@ func (s *Service) holdRefused(ctx context.Context, req HoldRequest, row storage.
 		// The outcome is unknown (a connection lost during COMMIT): the
 		// reservation's id was chosen before the write.
 		s.refreshLines(ctx, row.Lines, leases)
-		if r, lerr := s.store.Reservation(ctx, row.ID); lerr == nil {
+		if r, lerr := s.holds.Reservation(ctx, row.ID); lerr == nil {
 			s.log.Warn("hold reported failed but committed", "reservation_id", row.ID, "err", err)
 			return r, false, nil
 		}
@@ -339,7 +339,7 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (
 		sweepToken = p.token
 	}
 	rctx, cancel := p.bound(ctx)
-	r, err := s.store.Reservation(rctx, id)
+	r, err := s.holds.Reservation(rctx, id)
 	cancel()
 	if err != nil {
 		return storage.Reservation{}, err
@@ -378,7 +378,7 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (
 	epoch := s.epoch.Load()
 	st, moves := s.settlement(id, r, to, seen, leases, epoch, sweepToken)
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	done, after, err := s.store.Settle(wctx, s.cfg.Guard, st, moves)
+	done, after, err := s.holds.Settle(wctx, s.cfg.Guard, st, moves)
 	cancel()
 	s.reservationWritten(ctx, id, opOf[to], r.Lines[0].SKU, hookToken, err)
 	// After the write, a context of its own: the write's may be what ran
@@ -426,7 +426,7 @@ func (s *Service) settleOutcome(actx context.Context, id string, r storage.Reser
 	default:
 		// Unknown outcome: MySQL says whether the status changed.
 		s.refreshLines(actx, r.Lines, leases)
-		if now, lerr := s.store.Reservation(actx, id); lerr == nil && now.Status == to {
+		if now, lerr := s.holds.Reservation(actx, id); lerr == nil && now.Status == to {
 			s.log.Warn("settle reported failed but committed", "reservation_id", id, "to", to, "err", err)
 			if to != storage.StatusConfirmed {
 				s.gateReturn(actx, now)
@@ -551,9 +551,9 @@ func token(leases *multi.Leases, sku string) uint64 {
 
 // readRows reads the SKUs' rows from MySQL, the truth, under their locks.
 func (s *Service) readRows(ctx context.Context, skus []string, leases *multi.Leases) (map[string]storage.Inventory, error) {
-	read := s.store.Inventory
+	read := s.holds.Inventory
 	if leases != nil { // the latest commits, as a lease holder's order reads (loader)
-		read = s.store.InventoryLatest
+		read = s.holds.InventoryLatest
 	}
 	rows := make(map[string]storage.Inventory, len(skus))
 	for _, sku := range slices.Sorted(slices.Values(skus)) {

@@ -143,7 +143,7 @@ type HookInfo struct {
 // Service is one replica of the order service. Its methods are safe for
 // concurrent use.
 type Service struct {
-	store   Store
+	store   FlowStore // the order flow's MySQL (store.go)
 	cache   Cache
 	locker  Locker // nil: lock=none, steps 2 and 8 skipped
 	cfg     Config
@@ -154,6 +154,12 @@ type Service struct {
 
 	// observers are told of each step: metrics, logs, Config.Observers.
 	observers []Observer
+
+	// The other parts' MySQL (store.go).
+	holds     ReservationStore
+	sweeps    SweepStore
+	queued    QueueStore
+	readiness ReadinessStore
 
 	queues queues             // orders waiting for their SKU's batch (batch.go)
 	loads  singleflight.Group // concurrent reads of one SKU share one query
@@ -220,6 +226,10 @@ func New(store Store, cache Cache, locker Locker, cfg Config) *Service {
 	}
 	s := &Service{
 		store:     store,
+		holds:     store,
+		sweeps:    store,
+		queued:    store,
+		readiness: store,
 		cache:     cache,
 		locker:    locker,
 		cfg:       cfg,
