@@ -214,7 +214,7 @@ func (s *Service) orderExists(ctx context.Context, id string) (bool, error) {
 
 // reservationExists reports whether the reservation id is in MySQL.
 func (s *Service) reservationExists(ctx context.Context, id string) (bool, error) {
-	_, err := s.store.Reservation(ctx, id)
+	_, err := s.holds.Reservation(ctx, id)
 	if errors.Is(err, storage.ErrNoReservation) || errors.Is(err, storage.ErrNotFound) {
 		return false, nil
 	}

@@ -214,7 +214,7 @@ func TestGateGivesBackOnEveryFailure(t *testing.T) {
 			cfg := c.cfg
 			cfg.Gate = f.gate()
 			if c.place != nil {
-				cfg.FaultHook = cancelHook
+				cfg.Observers = faultHook(cancelHook)
 			}
 			svc := f.serviceWith(store, c.wrap, locker, cfg)
 			if c.place != nil {
@@ -279,7 +279,7 @@ func TestGateBackCheck(t *testing.T) {
 					runtime.Goexit() // the replica dies here: nothing after runs
 				}
 			}
-			dying := f.service(nil, order.Config{Instance: "dies", Guard: storage.GuardAtomic, Gate: f.gate(), FaultHook: die})
+			dying := f.service(nil, order.Config{Instance: "dies", Guard: storage.GuardAtomic, Gate: f.gate(), Observers: faultHook(die)})
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
@@ -344,12 +344,12 @@ func TestGateReplayTakesNothing(t *testing.T) {
 	f.stock(sku, 5)
 	paused, resume := make(chan struct{}), make(chan struct{})
 	first := f.service(nil, order.Config{Instance: "r1", Guard: storage.GuardAtomic, Gate: f.gate(),
-		FaultHook: func(_ context.Context, at order.HookPoint, h order.HookInfo) {
+		Observers: faultHook(func(_ context.Context, at order.HookPoint, h order.HookInfo) {
 			if at == order.HookBeforeWrite && h.Key == key {
 				close(paused)
 				<-resume
 			}
-		}})
+		})})
 	g := &inFlightGate{StockGate: f.gate(), inFlight: make(chan struct{})}
 	second := f.service(nil, order.Config{Instance: "r2", Guard: storage.GuardAtomic, Gate: g})
 

@@ -198,3 +198,13 @@ func (s losingStore) PlaceOrder(ctx context.Context, w storage.Write, beforeComm
 	close(s.lose)
 	return s.Store.PlaceOrder(ctx, w, beforeCommit)
 }
+
+// faultHook is a test's fault hook as an observer told only the lab's fault
+// points, as orderd's lab build adds it.
+func faultHook(fn func(ctx context.Context, at order.HookPoint, h order.HookInfo)) []order.Observer {
+	return []order.Observer{order.ObserverFunc(func(ctx context.Context, e order.Event) {
+		if e.At.Fault() {
+			fn(ctx, e.At, e.HookInfo)
+		}
+	})}
+}

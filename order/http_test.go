@@ -349,7 +349,7 @@ func TestLockAndGuardErrors(t *testing.T) {
 				close(lose)
 			}
 		}
-		svc := f.service(lostLocker{local.New(), lose}, order.Config{Lock: "local", FaultHook: hook})
+		svc := f.service(lostLocker{local.New(), lose}, order.Config{Lock: "local", Observers: faultHook(hook)})
 		rec := post(svc.Handler(), "late", 1)
 		if code := errorCode(t, rec); rec.Code != 409 || code != "lock_lost" {
 			t.Errorf("%d %s, want 409 lock_lost", rec.Code, code)
@@ -372,7 +372,7 @@ func TestLockAndGuardErrors(t *testing.T) {
 		var points []order.HookPoint
 		hook := func(ctx context.Context, at order.HookPoint, h order.HookInfo) { points = append(points, at) }
 		svc := f.serviceWith(losingStore{f.openStore(), lose}, nil, lostLocker{local.New(), lose},
-			order.Config{Lock: "local", Guard: storage.GuardNone, FaultHook: hook})
+			order.Config{Lock: "local", Guard: storage.GuardNone, Observers: faultHook(hook)})
 		rec := post(svc.Handler(), "past", 1)
 		if rec.Code != 201 {
 			t.Errorf("%d %s, want 201: no check after the one before the write", rec.Code, rec.Body)

@@ -68,7 +68,7 @@ func TestKeyClaimedByTheWrite(t *testing.T) {
 			<-release
 		}
 	}
-	orders := f.service(local.New(), order.Config{Instance: "r1", Lock: "local", FaultHook: hook}).Handler()
+	orders := f.service(local.New(), order.Config{Instance: "r1", Lock: "local", Observers: faultHook(hook)}).Handler()
 	holds := f.service(local.New(), order.Config{Instance: "r2", Lock: "local"}).Handler()
 
 	answer := make(chan *httptest.ResponseRecorder, 1)
@@ -105,7 +105,7 @@ func TestKeyClaimedByTheHoldWrite(t *testing.T) {
 			<-release
 		}
 	}
-	a := f.service(local.New(), order.Config{Instance: "r1", Lock: "local", FaultHook: hook}).Handler()
+	a := f.service(local.New(), order.Config{Instance: "r1", Lock: "local", Observers: faultHook(hook)}).Handler()
 	b := f.service(local.New(), order.Config{Instance: "r2", Lock: "local"}).Handler()
 
 	blocker := make(chan *httptest.ResponseRecorder, 1)

@@ -11,8 +11,9 @@
 //  7. the cache takes the new stock and version
 //  8. lease.Release, after the commit, with a context of its own
 //
-// The package declares the small interfaces it needs (Store, Cache, Locker);
-// storage, inventory and locking satisfy them.
+// The package declares the small interfaces it needs (store.go's, one per
+// part of the package, Cache, Locker); storage, inventory and locking
+// satisfy them.
 //
 // Service.Handler serves the API of docs/design.md. Choices docs/design.md leaves
 // open, made here:
@@ -77,42 +78,6 @@ type Request struct {
 	// queued: the order came through the queue, accepted at acceptedAt.
 	queued     bool
 	acceptedAt time.Time
-}
-
-// Store is the MySQL side of the flow (storage.Store).
-type Store interface {
-	// PlaceOrder is step 6: see storage.Store.PlaceOrder.
-	PlaceOrder(ctx context.Context, w storage.Write, beforeCommit func() error) (storage.Inventory, error)
-	Order(ctx context.Context, id string) (storage.Order, error)
-	OrderByKey(ctx context.Context, key string) (storage.Order, error)
-	Inventory(ctx context.Context, sku string) (storage.Inventory, error)
-	InventoryLatest(ctx context.Context, sku string) (storage.Inventory, error)
-	PutInventory(ctx context.Context, p storage.Put) (storage.Inventory, error)
-	Ping(ctx context.Context) error
-
-	// Reservations: see storage.Store.Hold and Settle.
-	Hold(ctx context.Context, guard storage.Guard, r storage.Reservation, ttl time.Duration, moves []storage.Move) (storage.Reservation, []storage.Inventory, error)
-	Settle(ctx context.Context, guard storage.Guard, st storage.Settlement, moves []storage.Move) (storage.Reservation, []storage.Inventory, error)
-	Reservation(ctx context.Context, id string) (storage.Reservation, error)
-
-	// The queue's outcomes (queue.go): see storage.Store.
-	QueuedOrders(ctx context.Context, ids []string) (map[string]storage.QueuedOrder, error)
-	QueuedOrder(ctx context.Context, id string) (storage.QueuedOrder, error)
-	RejectQueued(ctx context.Context, o storage.QueuedOrder) (storage.QueuedOrder, error)
-	KeyRef(ctx context.Context, key string) (storage.IdempotencyKey, error)
-	ReservationByKey(ctx context.Context, key string) (storage.Reservation, error)
-	ReservationOrders(ctx context.Context, id string) ([]string, error)
-	DueReservations(ctx context.Context, after storage.Reservation, limit int) ([]storage.Reservation, error)
-	SweepState(ctx context.Context) (storage.SweepState, error)
-
-	// The replicas table, for the mixed-settings check of /readyz.
-	Heartbeat(ctx context.Context, r storage.Replica) error
-	RemoveReplica(ctx context.Context, instance string) error
-	LiveReplicas(ctx context.Context, within time.Duration) ([]storage.Replica, error)
-	// AdoptFences, ReclaimFences and Fences: see storage.Store.
-	AdoptFences(ctx context.Context, f storage.Fleet) (epoch uint64, reset bool, err error)
-	ReclaimFences(ctx context.Context, f storage.Fleet, held uint64) (epoch uint64, superseded bool, err error)
-	Fences(ctx context.Context) (f storage.Fleet, epoch uint64, err error)
 }
 
 // Cache is the stock cache of steps 3 and 7 (inventory.Cache).

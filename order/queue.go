@@ -138,7 +138,7 @@ func (s *Service) placeQueued(ctx context.Context, req Request) (Order, bool, er
 // expired, the order did not settle), ErrKeyReused for a reservation's
 // key or another body; storage.ErrNotFound for a key MySQL does not know.
 func (s *Service) replayQueued(ctx context.Context, req Request) (Order, bool, error) {
-	k, err := s.store.KeyRef(ctx, req.Key)
+	k, err := s.queued.KeyRef(ctx, req.Key)
 	if err != nil {
 		return Order{}, false, err
 	}
@@ -175,14 +175,14 @@ func (s *Service) orderView(ctx context.Context, id string) (Order, error) {
 			return s.pendingView(q), nil
 		}
 	}
-	o, err := s.store.Order(ctx, id)
+	o, err := s.queued.Order(ctx, id)
 	if err == nil {
 		return fromStorage(o), nil
 	}
 	if !errors.Is(err, storage.ErrNotFound) || s.cfg.Queue == nil {
 		return Order{}, err
 	}
-	r, err := s.store.QueuedOrder(ctx, id)
+	r, err := s.queued.QueuedOrder(ctx, id)
 	if err != nil {
 		return Order{}, err
 	}
@@ -317,7 +317,7 @@ func (s *Service) writeBatch(sku string, ds []inventory.Delivery, solo bool) (se
 	for i, d := range ds {
 		ids[i] = d.Order.ID
 	}
-	prev, err := s.store.QueuedOrders(ctx, ids)
+	prev, err := s.queued.QueuedOrders(ctx, ids)
 	if err != nil {
 		s.log.Warn("queued outcomes unread", "sku", sku, "err", err)
 		return nil, ds
@@ -409,7 +409,7 @@ func (s *Service) reject(ctx context.Context, q inventory.Queued, reason string)
 	if q.Key != "" {
 		r.IdempotencyKey = &q.Key
 	}
-	r, err := s.store.RejectQueued(ctx, r)
+	r, err := s.queued.RejectQueued(ctx, r)
 	if err == nil && r.Status == storage.StatusRejected {
 		s.log.Info("queued order rejected", "order_id", q.ID, "sku", q.SKU, "reason", r.Reason)
 	}

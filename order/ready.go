@@ -54,7 +54,7 @@ func (s *Service) Start(ctx context.Context) error {
 	s.lockID.Store(&id)
 	// A restart under the same name starts afresh: an older started_at is
 	// precedence it did not earn (see checkPeers).
-	if err := s.store.RemoveReplica(ctx, s.cfg.Instance); err != nil {
+	if err := s.readiness.RemoveReplica(ctx, s.cfg.Instance); err != nil {
 		return fmt.Errorf("announce replica %q: %w", s.cfg.Instance, err)
 	}
 	// From the announcement on, a failure takes the row back: left, it
@@ -63,12 +63,12 @@ func (s *Service) Start(ctx context.Context) error {
 	unannounce := func(err error) error {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
 		defer cancel()
-		if rerr := s.store.RemoveReplica(rctx, s.cfg.Instance); rerr != nil {
+		if rerr := s.readiness.RemoveReplica(rctx, s.cfg.Instance); rerr != nil {
 			s.log.Warn("withdrawing replica failed: its row lapses in 15 s", "err", rerr)
 		}
 		return err
 	}
-	if err := s.store.Heartbeat(ctx, s.replica()); err != nil {
+	if err := s.readiness.Heartbeat(ctx, s.replica()); err != nil {
 		return unannounce(fmt.Errorf("announce replica %q: %w", s.cfg.Instance, err))
 	}
 	if mixed, err := s.mixedPeers(ctx, false); err != nil {
@@ -79,7 +79,7 @@ func (s *Service) Start(ctx context.Context) error {
 	// Alone with its settings now, it may take the fences over from
 	// another backend's tokens, other servers' of its own, or another
 	// guard's writes.
-	epoch, reset, err := s.store.AdoptFences(ctx, s.fleet())
+	epoch, reset, err := s.readiness.AdoptFences(ctx, s.fleet())
 	if err != nil {
 		return unannounce(fmt.Errorf("adopt fences for lock %q guard %q: %w", s.cfg.Lock, s.cfg.Guard, err))
 	}
@@ -106,7 +106,7 @@ func (s *Service) Start(ctx context.Context) error {
 			ctx, cancel := context.WithTimeout(context.Background(), heartbeatEvery)
 			err := s.followFences(ctx)
 			if err == nil {
-				if err := s.store.Heartbeat(ctx, s.replica()); err != nil {
+				if err := s.readiness.Heartbeat(ctx, s.replica()); err != nil {
 					s.log.Warn("replica heartbeat failed", "err", err)
 				}
 			}
@@ -132,7 +132,7 @@ func (s *Service) Start(ctx context.Context) error {
 // (storage.Store.ReclaimFences), or no replica of its settings would be
 // ready again, nor a straggler of the fleet meta names refused.
 func (s *Service) followFences(ctx context.Context) error {
-	fleet, epoch, err := s.store.Fences(ctx)
+	fleet, epoch, err := s.readiness.Fences(ctx)
 	if err != nil {
 		s.log.Warn("fence epoch unread", "err", err)
 		return nil
@@ -148,12 +148,12 @@ func (s *Service) followFences(ctx context.Context) error {
 	case fleet != s.fleet() && epoch > own:
 		return s.supersededBy(fleet, epoch)
 	}
-	epoch, superseded, err := s.store.ReclaimFences(ctx, s.fleet(), own)
+	epoch, superseded, err := s.readiness.ReclaimFences(ctx, s.fleet(), own)
 	switch {
 	case err != nil:
 		s.log.Warn("adopting the fences again failed", "err", err)
 	case superseded: // another fleet adopted them since the read
-		if fleet, epoch, err = s.store.Fences(ctx); err == nil {
+		if fleet, epoch, err = s.readiness.Fences(ctx); err == nil {
 			return s.supersededBy(fleet, epoch)
 		}
 		s.log.Warn("fence epoch unread", "err", err)
@@ -194,7 +194,7 @@ func (s *Service) withdraw(why error) {
 	close(s.withdrawn)
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	if err := s.store.RemoveReplica(ctx, s.cfg.Instance); err != nil {
+	if err := s.readiness.RemoveReplica(ctx, s.cfg.Instance); err != nil {
 		s.log.Warn("withdrawing replica failed: its row lapses in 15 s", "err", err)
 	}
 }
@@ -237,7 +237,7 @@ func (s *Service) Close() error {
 		s.heartbeat.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		err = s.store.RemoveReplica(ctx, s.cfg.Instance)
+		err = s.readiness.RemoveReplica(ctx, s.cfg.Instance)
 	})
 	return err
 }
@@ -289,7 +289,7 @@ func (s *Service) readyz(c echo.Context) error {
 		name string // what the answer says when the check fails; "" = the error's own text
 		run  func(context.Context) error
 	}{
-		{"mysql", s.store.Ping},
+		{"mysql", s.readiness.Ping},
 		{"lock " + s.cfg.Lock, s.probeLock},
 		{"", s.checkPeers},
 		{"cache", s.cache.Ping},
@@ -377,7 +377,7 @@ func (s *Service) checkPeers(ctx context.Context) error {
 // newcomer is about to replace (two newcomers at once must not both
 // start), so a newcomer waits until the straggler has withdrawn.
 func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, error) {
-	fleet, epoch, err := s.store.Fences(ctx)
+	fleet, epoch, err := s.readiness.Fences(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +385,7 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 	if olderOnly && fleet != s.fleet() && epoch > s.epoch.Load() {
 		mixed = append(mixed, s.whySuperseded(fleet, epoch))
 	}
-	peers, err := s.store.LiveReplicas(ctx, liveWithin)
+	peers, err := s.readiness.LiveReplicas(ctx, liveWithin)
 	if err != nil {
 		return nil, err
 	}

@@ -103,7 +103,7 @@ func (s *Service) view(ctx context.Context, r storage.Reservation) (Reservation,
 		v.Lines = append(v.Lines, Line{SKU: l.SKU, Quantity: l.Quantity})
 	}
 	if r.Status == storage.StatusConfirmed {
-		ids, err := s.store.ReservationOrders(ctx, r.ID)
+		ids, err := s.holds.ReservationOrders(ctx, r.ID)
 		if err != nil {
 			return Reservation{}, err
 		}
@@ -114,7 +114,7 @@ func (s *Service) view(ctx context.Context, r storage.Reservation) (Reservation,
 
 // GetReservation returns the reservation with id.
 func (s *Service) GetReservation(ctx context.Context, id string) (Reservation, error) {
-	r, err := s.store.Reservation(ctx, id)
+	r, err := s.holds.Reservation(ctx, id)
 	if err != nil {
 		return Reservation{}, err
 	}
@@ -221,8 +221,9 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	}
 
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	held, after, err := s.store.Hold(wctx, s.cfg.Guard, row, ttl, moves)
+	held, after, err := s.holds.Hold(wctx, s.cfg.Guard, row, ttl, moves)
 	cancel()
+	s.reservationWritten(ctx, row.ID, "hold", lines[0].SKU, row.Token, err)
 	// Whatever the write's outcome, what follows runs on a context of its
 	// own: the write's may be what ran out.
 	actx, cancel := afterCommit(ctx)
@@ -235,22 +236,19 @@ func (s *Service) holdOnce(ctx context.Context, req HoldRequest) (storage.Reserv
 	return held, false, nil
 }
 
-// reservationHook calls Config.FaultHook, if set (the lab only), at a
-// reservation's hook point.
+// reservationHook tells the observers of a reservation's step at.
 func (s *Service) reservationHook(ctx context.Context, at HookPoint, id, op, sku string, tok uint64, key string) {
-	if s.cfg.FaultHook != nil {
-		s.cfg.FaultHook(ctx, at, HookInfo{SKU: sku, Key: key, Token: tok, Reservation: id, Op: op})
-	}
+	s.observe(ctx, Event{At: at, HookInfo: HookInfo{SKU: sku, Key: key, Token: tok, Reservation: id, Op: op}})
 }
 
 // replayHold answers a key already used: its reservation if the request
 // is the same, ErrKeyReused if not, or if the key made an order (a key
 // names one request, of either kind); replayed false when the key is new.
 func (s *Service) replayHold(ctx context.Context, req HoldRequest) (storage.Reservation, bool, error) {
-	prev, err := s.store.ReservationByKey(ctx, req.Key)
+	prev, err := s.holds.ReservationByKey(ctx, req.Key)
 	switch {
 	case errors.Is(err, storage.ErrNoReservation):
-		o, oerr := s.store.OrderByKey(ctx, req.Key)
+		o, oerr := s.holds.OrderByKey(ctx, req.Key)
 		switch {
 		case oerr == nil:
 			return storage.Reservation{}, false, fmt.Errorf("key names order %s: %w", o.ID, ErrKeyReused)
@@ -271,12 +269,10 @@ func (s *Service) replayHold(ctx context.Context, req HoldRequest) (storage.Rese
 func (s *Service) holdRefused(ctx context.Context, req HoldRequest, row storage.Reservation, leases *multi.Leases, err error) (storage.Reservation, bool, error) {
 	switch {
 	case errors.Is(err, storage.ErrConflict):
-		s.metrics.guardConflicts.Inc()
 		s.refreshLines(ctx, row.Lines, leases)
 	case errors.Is(err, storage.ErrOutOfStock): // atomic guard: the read was behind
 		s.refreshLines(ctx, row.Lines, leases)
 	case errors.Is(err, storage.ErrStaleFence):
-		s.metrics.guardConflicts.Inc()
 		err = fmt.Errorf("%w: %w", ErrLockLost, err)
 	case errors.Is(err, storage.ErrDuplicate):
 		// A concurrent request with the key, a hold or an order,
@@ -289,7 +285,7 @@ func (s *Service) holdRefused(ctx context.Context, req HoldRequest, row storage.
 		// The outcome is unknown (a connection lost during COMMIT): the
 		// reservation's id was chosen before the write.
 		s.refreshLines(ctx, row.Lines, leases)
-		if r, lerr := s.store.Reservation(ctx, row.ID); lerr == nil {
+		if r, lerr := s.holds.Reservation(ctx, row.ID); lerr == nil {
 			s.log.Warn("hold reported failed but committed", "reservation_id", row.ID, "err", err)
 			return r, false, nil
 		}
@@ -343,7 +339,7 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (
 		sweepToken = p.token
 	}
 	rctx, cancel := p.bound(ctx)
-	r, err := s.store.Reservation(rctx, id)
+	r, err := s.holds.Reservation(rctx, id)
 	cancel()
 	if err != nil {
 		return storage.Reservation{}, err
@@ -382,8 +378,9 @@ func (s *Service) settleOnce(ctx context.Context, id, to string, p *sweepPass) (
 	epoch := s.epoch.Load()
 	st, moves := s.settlement(id, r, to, seen, leases, epoch, sweepToken)
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	done, after, err := s.store.Settle(wctx, s.cfg.Guard, st, moves)
+	done, after, err := s.holds.Settle(wctx, s.cfg.Guard, st, moves)
 	cancel()
+	s.reservationWritten(ctx, id, opOf[to], r.Lines[0].SKU, hookToken, err)
 	// After the write, a context of its own: the write's may be what ran
 	// out (a slow MySQL), and the request's may have ended meanwhile.
 	actx, cancel := afterCommit(ctx)
@@ -421,17 +418,15 @@ func (s *Service) settleOutcome(actx context.Context, id string, r storage.Reser
 	case errors.Is(err, storage.ErrSettled):
 		return settled(done, to)
 	case errors.Is(err, storage.ErrConflict):
-		s.metrics.guardConflicts.Inc()
 		s.refreshLines(actx, r.Lines, leases)
 	case errors.Is(err, storage.ErrOutOfStock):
 		s.refreshLines(actx, r.Lines, leases)
 	case errors.Is(err, storage.ErrStaleFence), errors.Is(err, storage.ErrStaleSweeper):
-		s.metrics.guardConflicts.Inc()
 		err = fmt.Errorf("%w: %w", ErrLockLost, err)
 	default:
 		// Unknown outcome: MySQL says whether the status changed.
 		s.refreshLines(actx, r.Lines, leases)
-		if now, lerr := s.store.Reservation(actx, id); lerr == nil && now.Status == to {
+		if now, lerr := s.holds.Reservation(actx, id); lerr == nil && now.Status == to {
 			s.log.Warn("settle reported failed but committed", "reservation_id", id, "to", to, "err", err)
 			if to != storage.StatusConfirmed {
 				s.gateReturn(actx, now)
@@ -499,7 +494,7 @@ func (s *Service) acquireAll(ctx context.Context, skus []string) (*multi.Leases,
 	defer cancel()
 	start := time.Now()
 	leases, err := multi.Acquire(wait, s.locker, keys)
-	s.metrics.lockWait.Observe(time.Since(start).Seconds())
+	s.observe(ctx, Event{At: StepAcquired, HookInfo: HookInfo{SKU: skus[0]}, Wait: time.Since(start)})
 	switch {
 	case err == nil:
 		holds := make([]*holding, len(leases.Leases()))
@@ -517,27 +512,30 @@ func (s *Service) acquireAll(ctx context.Context, skus []string) (*multi.Leases,
 }
 
 // releaseAll releases the leases after the commit, on a context of its
-// own, and logs their lease records.
+// own, and tells the observers (the lease records).
 func (s *Service) releaseAll(ctx context.Context, leases *multi.Leases, holds []*holding) {
 	if leases == nil {
 		return
 	}
 	lost := make([]*time.Time, len(holds))
 	for i, l := range leases.Leases() {
-		if lost[i] = holds[i].end(l); lost[i] != nil {
-			s.metrics.leasesLost.Inc()
-		}
+		lost[i] = holds[i].end(l)
 	}
 	released := time.Now()
 	rctx, cancel := afterCommit(ctx)
 	defer cancel()
-	if err := leases.Release(rctx); err != nil {
-		s.log.Warn("lock release failed", "keys", len(leases.Leases()), "err", err)
-	}
+	err := leases.Release(rctx)
+	held := make([]Held, len(holds))
 	for i, l := range leases.Leases() {
-		s.metrics.lockHold.Observe(time.Since(holds[i].granted).Seconds())
-		s.leaseRecord(l, holds[i], lost[i], released)
+		held[i] = holds[i].record(l, lost[i], released)
 	}
+	s.observe(rctx, Event{At: StepReleased, Err: err, Held: held})
+}
+
+// reservationWritten tells the observers of a hold's or a settlement's
+// write, settled with err.
+func (s *Service) reservationWritten(ctx context.Context, id, op, sku string, tok uint64, err error) {
+	s.observe(ctx, Event{At: StepReservationWritten, HookInfo: HookInfo{SKU: sku, Token: tok, Reservation: id, Op: op}, Err: err})
 }
 
 // token is the fencing token of sku's lease, 0 without one.
@@ -553,9 +551,9 @@ func token(leases *multi.Leases, sku string) uint64 {
 
 // readRows reads the SKUs' rows from MySQL, the truth, under their locks.
 func (s *Service) readRows(ctx context.Context, skus []string, leases *multi.Leases) (map[string]storage.Inventory, error) {
-	read := s.store.Inventory
+	read := s.holds.Inventory
 	if leases != nil { // the latest commits, as a lease holder's order reads (loader)
-		read = s.store.InventoryLatest
+		read = s.holds.InventoryLatest
 	}
 	rows := make(map[string]storage.Inventory, len(skus))
 	for _, sku := range slices.Sorted(slices.Values(skus)) {

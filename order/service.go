@@ -76,10 +76,11 @@ type Config struct {
 	RequestTimeout time.Duration
 	Logger         *slog.Logger // nil: no logs
 	Metrics        *Metrics     // nil: NewMetrics(Instance, Lock, Guard)
-	// FaultHook is for the lab only, nil elsewhere: the flow calls it, and
-	// waits for it, at the points named by the Hook* constants, so the lab
-	// can pause or kill the replica at an exact step of the flow.
-	FaultHook func(ctx context.Context, at HookPoint, h HookInfo)
+	// Observers are told of each step after the replica's metrics and
+	// logs (observe.go): orderd's lab build adds the lab's fault hook here,
+	// which waits at the Hook* points so the lab can pause or kill the
+	// replica at an exact step of the flow.
+	Observers []Observer
 	// Gate is the stock gate (gate.go); nil: OVERSOLD_GATE=none.
 	Gate StockGate
 	// Queue is the order queue (queue.go), on the gate's Redis; nil:
@@ -91,7 +92,8 @@ type Config struct {
 	ClaimIdle time.Duration
 }
 
-// HookPoint names where in the flow Config.FaultHook is called.
+// HookPoint names a step of the flow told to the observers. The Hook*
+// constants are the lab's fault points (HookPoint.Fault).
 type HookPoint string
 
 const (
@@ -126,7 +128,7 @@ const (
 	HookSettleBeforeWrite HookPoint = "settle-before-write"
 )
 
-// HookInfo is what the flow tells Config.FaultHook about the order.
+// HookInfo is what a step tells the observers about the order.
 type HookInfo struct {
 	SKU   string
 	Key   string // Idempotency-Key, or ""
@@ -141,7 +143,7 @@ type HookInfo struct {
 // Service is one replica of the order service. Its methods are safe for
 // concurrent use.
 type Service struct {
-	store   Store
+	store   FlowStore // the order flow's MySQL (store.go)
 	cache   Cache
 	locker  Locker // nil: lock=none, steps 2 and 8 skipped
 	cfg     Config
@@ -149,6 +151,15 @@ type Service struct {
 	metrics *Metrics
 	admin   [sha256.Size]byte // hash of the admin token, for a constant-time compare
 	handler http.Handler
+
+	// observers are told of each step: metrics, logs, Config.Observers.
+	observers []Observer
+
+	// The other parts' MySQL (store.go).
+	holds     ReservationStore
+	sweeps    SweepStore
+	queued    QueueStore
+	readiness ReadinessStore
 
 	queues queues             // orders waiting for their SKU's batch (batch.go)
 	loads  singleflight.Group // concurrent reads of one SKU share one query
@@ -215,6 +226,10 @@ func New(store Store, cache Cache, locker Locker, cfg Config) *Service {
 	}
 	s := &Service{
 		store:     store,
+		holds:     store,
+		sweeps:    store,
+		queued:    store,
+		readiness: store,
 		cache:     cache,
 		locker:    locker,
 		cfg:       cfg,
@@ -225,6 +240,7 @@ func New(store Store, cache Cache, locker Locker, cfg Config) *Service {
 		withdrawn: make(chan struct{}),
 		queues:    queues{m: map[string][]*pending{}},
 	}
+	s.observers = append([]Observer{cfg.Metrics, logObserver{s.log}}, cfg.Observers...)
 	s.handler = s.routes()
 	return s
 }
@@ -364,7 +380,7 @@ func (s *Service) sell(ctx context.Context, lease locking.Lease, batch []*line, 
 		orders[j] = s.newOrder(l.req, lease)
 	}
 	inv, err := s.write(wctx, orders, item, lease, first)
-	s.recordWrite(first.SKU, orders[0].Token, len(orders), err)
+	s.observe(ctx, Event{At: StepWritten, HookInfo: HookInfo{SKU: first.SKU, Token: orders[0].Token}, Orders: len(orders), Err: err})
 	if err != nil {
 		s.writeRefused(ctx, wctx, lease, batch, filled, short, orders, fresh, outOfStock, err)
 		return
@@ -578,10 +594,8 @@ func (s *Service) refused(ctx context.Context, batch, filled []*line, orders []s
 	case errors.Is(err, storage.ErrConflict):
 		// Our read was stale: refresh the cache from MySQL so the retry
 		// (after the release) starts from the truth.
-		s.metrics.guardConflicts.Inc()
 		s.refresh(ctx, sku, lease)
 	case errors.Is(err, storage.ErrStaleFence):
-		s.metrics.guardConflicts.Inc()
 		answer(filled, fmt.Errorf("%w: %w", ErrLockLost, err))
 	case errors.Is(err, storage.ErrOutOfStock):
 		s.refresh(ctx, sku, lease) // atomic guard: the cache was behind
@@ -635,7 +649,7 @@ func (s *Service) acquire(ctx context.Context, sku string) (locking.Lease, error
 	defer cancel()
 	start := time.Now()
 	lease, err := s.locker.Acquire(wait, "sku/"+sku)
-	s.metrics.lockWait.Observe(time.Since(start).Seconds())
+	s.observe(ctx, Event{At: StepAcquired, HookInfo: HookInfo{SKU: sku}, Wait: time.Since(start)})
 	switch {
 	case err == nil:
 		return lease, nil
@@ -652,54 +666,11 @@ func (s *Service) acquire(ctx context.Context, sku string) (locking.Lease, error
 // context of its own: a lock left behind would block the SKU until its TTL.
 func (s *Service) release(ctx context.Context, lease locking.Lease, h *holding) {
 	lostAt := h.end(lease)
-	if lostAt != nil {
-		s.metrics.leasesLost.Inc()
-	}
 	released := time.Now() // we stop relying on the lease here, before the server frees it
 	ctx, cancel := afterCommit(ctx)
 	defer cancel()
 	err := lease.Release(ctx)
-	s.metrics.lockHold.Observe(time.Since(h.granted).Seconds())
-	if err != nil {
-		s.log.Warn("lock release failed", "key", lease.Key(), "err", err)
-	}
-	s.leaseRecord(lease, h, lostAt, released)
-}
-
-// leaseRecord logs the lease record: the lab pairs these across replicas
-// to count two holders at once (same machine, same clock).
-func (s *Service) leaseRecord(lease locking.Lease, h *holding, lostAt *time.Time, released time.Time) {
-	attrs := []any{"key", lease.Key(), "token", lease.Token(), "acquired_at", h.granted, "lost", lostAt != nil}
-	if lostAt != nil {
-		attrs = append(attrs, "lost_at", *lostAt)
-	} else {
-		attrs = append(attrs, "released_at", released)
-	}
-	s.log.Debug(LeaseRecord, attrs...) // every lease, the sweeper's each pass: debug
-}
-
-// LeaseRecord is the message of the log line each replica writes per lease
-// it held, at debug level: key, token, acquired_at, then released_at, or
-// lost_at with lost true when the lease was lost while held. (orderd logs
-// debug only in the lab's build, -tags labfaults.)
-const LeaseRecord = "lease"
-
-// WriteRecord is the message of the log line each replica writes per
-// guarded write it settled: sku, token, orders, and outcome "committed", or
-// "refused" when the guard found the stock or the fence moved on. The lab
-// draws these on its lease timelines.
-const WriteRecord = "write"
-
-func (s *Service) recordWrite(sku string, token uint64, orders int, err error) {
-	outcome := "committed"
-	switch {
-	case err == nil:
-	case errors.Is(err, storage.ErrConflict), errors.Is(err, storage.ErrStaleFence):
-		outcome = "refused"
-	default:
-		return // not the guard's verdict: nothing to draw
-	}
-	s.log.Info(WriteRecord, "sku", sku, "token", token, "orders", orders, "outcome", outcome)
+	s.observe(ctx, Event{At: StepReleased, Err: err, Held: []Held{h.record(lease, lostAt, released)}})
 }
 
 // holding is a lease from its grant on: when it was granted and when, if
@@ -728,6 +699,11 @@ func (s *Service) hold(lease locking.Lease) *holding {
 	return h
 }
 
+// record is the lease's life for StepReleased.
+func (h *holding) record(lease locking.Lease, lostAt *time.Time, released time.Time) Held {
+	return Held{Key: lease.Key(), Token: lease.Token(), Granted: h.granted, LostAt: lostAt, Released: released}
+}
+
 // end stops the watcher and returns when the lease was seen lost, or nil.
 func (h *holding) end(lease locking.Lease) *time.Time {
 	close(h.stop)
@@ -739,16 +715,13 @@ func (h *holding) end(lease locking.Lease) *time.Time {
 	return h.lostAt
 }
 
-// hook calls Config.FaultHook, if set (the lab only).
+// hook tells the observers of the order flow's step at.
 func (s *Service) hook(ctx context.Context, at HookPoint, req Request, lease locking.Lease) {
-	if s.cfg.FaultHook == nil {
-		return
-	}
 	h := HookInfo{SKU: req.SKU, Key: req.Key}
 	if lease != nil {
 		h.Token = lease.Token()
 	}
-	s.cfg.FaultHook(ctx, at, h)
+	s.observe(ctx, Event{At: at, HookInfo: h})
 }
 
 // afterCommit returns a context for the work that follows a commit (steps

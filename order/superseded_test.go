@@ -340,7 +340,7 @@ func TestWithdrawalStopsAWriteInFlight(t *testing.T) {
 			<-letGo
 		}
 	}
-	straggler := f.redisReplica(order.Config{Instance: "n1", Guard: storage.GuardNone, AdminToken: adminToken, FaultHook: hook})
+	straggler := f.redisReplica(order.Config{Instance: "n1", Guard: storage.GuardNone, AdminToken: adminToken, Observers: faultHook(hook)})
 	if err := straggler.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -111,7 +111,7 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 	expired := 0
 	for range sweepBatches {
 		rctx, cancel := context.WithTimeout(ctx, sweepReadTimeout)
-		due, err := s.store.DueReservations(rctx, after, sweepBatch)
+		due, err := s.sweeps.DueReservations(rctx, after, sweepBatch)
 		cancel()
 		if err != nil {
 			return expired, err
@@ -250,7 +250,7 @@ func (s *Service) observeSweep(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, sweepReadTimeout)
 	defer cancel()
-	st, err := s.store.SweepState(ctx)
+	st, err := s.sweeps.SweepState(ctx)
 	if err != nil {
 		return
 	}

@@ -55,38 +55,51 @@ func refuseLabOnly(func(string) string) error { return nil }
 // pause the lab holds a replica in it.
 const faultHookWait = 2 * time.Minute
 
-// faultHook is the order flow's lab-only hook (OVERSOLD_FAULT_HOOK): a
-// blocking GET on the lab's URL, which answers when its fault is done with
-// this replica. nil when the setting is empty.
-func faultHook(hookURL, instance string, log *slog.Logger) func(context.Context, order.HookPoint, order.HookInfo) {
+// faultHook is the lab's observer of the order flow (OVERSOLD_FAULT_HOOK):
+// at each fault point (order.HookPoint.Fault), a blocking GET on the lab's
+// URL, which answers when its fault is done with this replica. None when
+// the setting is empty.
+func faultHook(hookURL, instance string, log *slog.Logger) []order.Observer {
 	if hookURL == "" {
 		return nil
 	}
 	log.Warn("fault hook set: for the lab only", "url", hookURL)
-	client := &http.Client{Timeout: faultHookWait}
-	return func(ctx context.Context, at order.HookPoint, h order.HookInfo) {
-		q := url.Values{
-			"at": {string(at)}, "replica": {instance}, "sku": {h.SKU},
-			"key": {h.Key}, "token": {strconv.FormatUint(h.Token, 10)},
+	return []order.Observer{&labHook{url: hookURL, instance: instance, log: log, client: &http.Client{Timeout: faultHookWait}}}
+}
+
+// labHook calls the lab's URL at the fault points and waits for its answer.
+type labHook struct {
+	url, instance string
+	log           *slog.Logger
+	client        *http.Client
+}
+
+// Observe calls the lab at e's fault point; every other step passes.
+func (l *labHook) Observe(ctx context.Context, e order.Event) {
+	if !e.At.Fault() {
+		return
+	}
+	q := url.Values{
+		"at": {string(e.At)}, "replica": {l.instance}, "sku": {e.SKU},
+		"key": {e.Key}, "token": {strconv.FormatUint(e.Token, 10)},
+	}
+	if e.Reservation != "" {
+		q.Set("reservation", e.Reservation)
+		q.Set("op", e.Op)
+	}
+	u := l.url + "?" + q.Encode()
+	if strings.Contains(l.url, "?") {
+		u = l.url + "&" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodGet, u, nil)
+	if err == nil {
+		var resp *http.Response
+		if resp, err = l.client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
 		}
-		if h.Reservation != "" {
-			q.Set("reservation", h.Reservation)
-			q.Set("op", h.Op)
-		}
-		u := hookURL + "?" + q.Encode()
-		if strings.Contains(hookURL, "?") {
-			u = hookURL + "&" + q.Encode()
-		}
-		req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodGet, u, nil)
-		if err == nil {
-			var resp *http.Response
-			if resp, err = client.Do(req); err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}
-		if err != nil {
-			log.Warn("fault hook failed", "at", string(at), "err", err)
-		}
+	}
+	if err != nil {
+		l.log.Warn("fault hook failed", "at", string(e.At), "err", err)
 	}
 }

@@ -7,7 +7,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 
@@ -29,7 +28,5 @@ func refuseLabOnly(getenv func(string) string) error {
 	return nil
 }
 
-// faultHook is always nil in this build.
-func faultHook(string, string, *slog.Logger) func(context.Context, order.HookPoint, order.HookInfo) {
-	return nil
-}
+// faultHook is no observer in this build.
+func faultHook(string, string, *slog.Logger) []order.Observer { return nil }

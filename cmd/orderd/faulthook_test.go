@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -62,6 +63,12 @@ func TestFaultHookBuildTag(t *testing.T) {
 		defer mu.Unlock()
 		if len(calls) == 0 || !strings.HasSuffix(calls[0], " hooked") {
 			t.Errorf("hook calls %q, want the order's", calls)
+		}
+		// Only the fault points reach the lab, never the flow's other
+		// steps (lock granted, write settled, release).
+		want := "[after-read hooked before-write hooked before-commit hooked before-cache hooked after-commit hooked]"
+		if fmt.Sprint(calls) != want {
+			t.Errorf("hook calls %q, want %s", calls, want)
 		}
 	})
 }

@@ -162,7 +162,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		RequestTimeout: cfg.RequestTimeout,
 		Logger:         base,
 		Metrics:        metrics,
-		FaultHook:      faultHook(cfg.FaultHook, cfg.Instance, log),
+		Observers:      faultHook(cfg.FaultHook, cfg.Instance, log),
 	})
 	if err := svc.Start(start); err != nil {
 		if errors.Is(err, order.ErrMixedSettings) {
