@@ -82,7 +82,7 @@ func (c Creator) create(l *zklock.Locker, parent, guid string) (string, int64, e
 		}
 		if !search {
 			session = conn.SessionID()
-			path, err = conn.Create(prefix, nil, zk.FlagEphemeral|zk.FlagSequence, zklock.ACL)
+			path, err = conn.Create(prefix, nil, zk.FlagEphemeral|zk.FlagSequence, l.ACL())
 			switch {
 			case err == nil:
 				return owned(path, session)
