@@ -14,9 +14,8 @@
 // pzxid in the listing that granted the lock: it only grows.
 //
 // Config.Create and Config.Watchdog plug in the hardening locking/backends
-// composes: locking/zklock/protected, locking/zklock/handover and
-// locking/keepalive. Why each choice is safe, the failure modes and the
-// peers: docs/locks/zklock.md.
+// composes (locking/zklock/protected and handover, locking/keepalive). Why
+// each choice is safe, the failure modes and the peers: docs/locks/zklock.md.
 package zklock
 
 import (
@@ -39,8 +38,6 @@ import (
 
 	"github.com/oversold-lab/oversold/locking"
 )
-
-var _ locking.Locker = (*Locker)(nil)
 
 const (
 	// DefaultRoot is the parent of every key's node when Config.Root is "".
@@ -212,8 +209,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	return nil, locking.AcquireError(ctx, key, err)
 }
 
-// queue creates our node and waits for our turn (a ctx already ended
-// fails the first look). A node left on failure is removed in the background.
+// queue creates our node and waits for our turn; a node left on failure or ctx goes in the background.
 func (l *Locker) queue(ctx context.Context, key, parent string) (*lease, error) {
 	path, session, err := l.cfg.Create(l, parent)
 	if err != nil {
@@ -230,10 +226,9 @@ func (l *Locker) queue(ctx context.Context, key, parent string) (*lease, error) 
 }
 
 // CreateOnce is the default CreateFunc. A fresh GUID in the name (Curator's
-// protection mode) finds the node of a create whose reply was lost. A
-// request goes out on whatever session the connection has by then, so the
-// node is the session's only if it did not change meanwhile; else it may
-// have died with the old one: ErrVanished, and the node is deleted.
+// protection mode) finds the node of a create whose reply was lost. The node
+// is the session's only if the session did not change across the create (a
+// request goes out on the session of the moment): else ErrVanished.
 func CreateOnce(l *Locker, parent string) (path string, session int64, err error) {
 	name := "_c_" + rand.Text() + "-" + Suffix
 	defer func() {
@@ -262,10 +257,15 @@ func CreateOnce(l *Locker, parent string) (path string, session int64, err error
 	return "", 0, cmp.Or(err, zk.ErrNoNode)
 }
 
-// find returns the path of our node (name and the sequence), or "",
-// syncing first: the server we reconnected to may lag the create.
+// find returns the path of our node (name and the sequence), or "". The
+// sync first: the server we reconnected to may lag the create; one sent
+// before the reconnection fails unsent (ErrNoServer), so it goes again.
 func (l *Locker) find(parent, name string) (string, error) {
-	if _, err := l.conn.Sync(parent); err != nil {
+	_, err := l.conn.Sync(parent)
+	for n := 0; errors.Is(err, zk.ErrNoServer) && n < Tries; n++ {
+		_, err = l.conn.Sync(parent)
+	}
+	if err != nil {
 		return "", err
 	}
 	children, _, err := l.conn.Children(parent)
