@@ -28,10 +28,8 @@ func (s *lease) Key() string           { return s.key }
 func (s *lease) Token() uint64         { return s.token }
 func (s *lease) Lost() <-chan struct{} { return s.dog.Lost() }
 
-// grant turns our node, now first in the queue, into a lease whose token
-// is pzxid, read in the listing that found our node first, and whose
-// validity runs from sent. It costs no request: a hot key's turn is a
-// create, a listing and a delete.
+// grant makes our node, first in the listing that read pzxid (the token),
+// a lease valid from sent. It costs no request.
 func (l *Locker) grant(key, path string, session int64, sent time.Time, pzxid int64) (*lease, error) {
 	s := &lease{locker: l, key: key, path: path, session: session, token: uint64(pzxid)}
 	s.dog = l.cfg.Watchdog(key, trusted(l.SessionTimeout()), sent, s.check)
@@ -43,9 +41,7 @@ func (l *Locker) grant(key, path string, session int64, sent time.Time, pzxid in
 	}
 	l.leases[path] = s
 	l.mu.Unlock()
-	// Registered first, so an expiry from now on reaches it; one before is
-	// caught here.
-	if l.conn.SessionID() != s.session {
+	if l.conn.SessionID() != s.session { // registered first: no expiry slips by
 		s.dog.MarkLost()
 	}
 	s.watchTimer = time.AfterFunc(watchDelay, s.watch)
@@ -53,13 +49,11 @@ func (l *Locker) grant(key, path string, session int64, sent time.Time, pzxid in
 }
 
 // watchDelay is how long a lease is held before it watches its own node:
-// most leases of a hot key are released sooner, and so cost no watch. A
-// deletion before is told when the watch is set, which finds the node gone.
+// most leases of a hot key are released sooner, and cost no watch.
 const watchDelay = 20 * time.Millisecond
 
-// watch sets a watch on our node (GetW: none on a node that is gone),
-// whose deletion event onEvent turns into Lost; a node already gone is
-// lost at once. Nothing once Release began.
+// watch sets a watch on our node, whose deletion onEvent turns into Lost;
+// a node already gone is lost at once. Nothing once Release began.
 func (s *lease) watch() {
 	l := s.locker
 	l.Go(func() {
@@ -74,14 +68,12 @@ func (s *lease) watch() {
 	})
 }
 
-// trusted is how long a confirmed check vouches for the session: two
-// thirds of its timeout, as the leader may count from the check before
-// ours (docs/locks/zklock.md, "Lost").
+// trusted is how long a confirmed check vouches for the session: the
+// leader may count from the check before ours (docs/locks/zklock.md).
 func trusted(timeout time.Duration) time.Duration { return timeout * 2 / 3 }
 
-// check is the watchdog's renewal: our node still exists and is still our
-// session's, as the leader has it (a partitioned follower still serves
-// reads, but cannot sync). Any answer proves the session alive at send time.
+// check is the watchdog's renewal: our node is still our session's, as
+// the leader has it (a partitioned follower serves reads, but cannot sync).
 func (s *lease) check(ctx context.Context) error {
 	l := s.locker
 	if _, err := l.conn.Sync(s.path); err != nil {
@@ -94,8 +86,7 @@ func (s *lease) check(ctx context.Context) error {
 	return err
 }
 
-// Release deletes our node. The name is unique to this lease, so a delete
-// (and its retry) can only ever remove our own claim.
+// Release deletes our node; its name is ours alone, so a retry is safe.
 func (s *lease) Release(ctx context.Context) error {
 	notHeld := fmt.Errorf("release %q: %w", s.key, locking.ErrNotHeld)
 	if !s.released.CompareAndSwap(false, true) {
@@ -109,8 +100,7 @@ func (s *lease) Release(ctx context.Context) error {
 	if closed {
 		return notHeld // Close ended the session and deleted the node
 	}
-	// A lease lost before Release began is not held, whatever the deletes
-	// below find: a node found gone on a retry may be the expiry's doing.
+	// Lost before: not held, even if a retry finds the node gone.
 	var lostBefore bool
 	select {
 	case <-s.dog.Lost():
@@ -134,16 +124,14 @@ func (s *lease) Release(ctx context.Context) error {
 			s.dog.MarkLost()
 			return notHeld
 		case ctx.Err() != nil, try == Tries-1, errors.Is(err, zk.ErrClosing), !l.Sleep(ctx, Backoff(try)):
-			// Else back off and retry. Here stop waiting, not deleting: a node
-			// left behind would hold the key for as long as the session lives.
+			// Else retry. Here stop waiting, not deleting: a node left holds the key.
 			l.Remove(s.path, s.session)
 			return s.releaseFailed(err)
 		}
 	}
 }
 
-// releaseFailed is the error of a Release that could not reach ZooKeeper:
-// the lease is not held if it was lost already, else its fate is unknown.
+// releaseFailed: not held if lost already, else the lease's fate is unknown.
 func (s *lease) releaseFailed(err error) error {
 	cause := locking.ErrUnavailable
 	select {

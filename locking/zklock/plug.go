@@ -10,26 +10,22 @@ import (
 	"github.com/oversold-lab/oversold/locking"
 )
 
-// CreateFunc makes our ephemeral sequential node under parent (its name
-// ending in Suffix) and returns its path and the session that owns it.
-// ErrVanished makes Acquire queue again. It never leaves a node behind on
-// failure. The default is CreateOnce; protected.Create also finds the node
-// of a create whose reply was lost.
+// CreateFunc makes our ephemeral sequential node under parent, named
+// ...Suffix<sequence>, and returns its path and the session that owns it;
+// ErrVanished makes Acquire queue again. A node made by a call that fails
+// is deleted in the background. protected.Create also rides out a disconnect.
 type CreateFunc func(l *Locker, parent string) (path string, session int64, err error)
 
-// Watchdog keeps a granted lease's Lost between events: it runs check
-// every so often and closes Lost once ttl has passed since the send time
-// of the last check that succeeded (or of the grant), or when check says
-// locking.ErrNotHeld. Lost reads the clock, so a holder resumed after a
-// pause finds it closed. keepalive.Watchdog is one on a shared timer.
+// Watchdog keeps a granted lease's Lost between events: it runs check now
+// and then, and closes Lost on locking.ErrNotHeld or once ttl has passed
+// since the send time of the last check that succeeded (or of the grant).
 type Watchdog interface {
 	Lost() <-chan struct{}
 	MarkLost()
 	Stop() // no more checks, and no Lost from a check in flight
 }
 
-// WatchdogFunc starts the Watchdog of the lease on key granted by a
-// request sent at sent.
+// WatchdogFunc starts the Watchdog of key's lease, granted by a request sent at sent.
 type WatchdogFunc func(key string, ttl time.Duration, sent time.Time, check func(context.Context) error) Watchdog
 
 // Backoff is the delay before retry n+1: jittered, from 25 ms up to 1 s.

@@ -2,36 +2,32 @@
 // in a queue, each waiter watching only its predecessor (go-zookeeper's
 // lock.go, Curator's InterProcessMutex).
 //
-// Acquire creates an ephemeral sequential node under the key's container
-// node, <Root>/<key escaped>, and lists the children: the lowest sequence
-// holds the lock. Anyone else watches the node just below its own and
-// waits for it to go, so a release wakes one waiter. Release deletes the
-// node, checked against the session that made it.
+// Acquire creates an ephemeral sequential node under <Root>/<key escaped>
+// and lists the children: the lowest sequence holds the lock, the others
+// each watch the node just below their own, so a release wakes one waiter.
+// Release deletes the node, checked against the session that made it. A
+// wait ended by ctx deletes it in the background, never with the caller's ctx.
 //
-// The Locker owns its session: the session timeout is the lease's TTL, and
-// a holder that dies frees its locks when the server expires its session.
-// Lost closes when the session expires, when our node is deleted (a watch),
-// or when no ownership check has succeeded for 2/3 of the timeout (a
-// paused or cut-off holder cannot vouch for its session). The token is the
-// parent's pzxid in the listing that granted the lock: it only grows.
+// The Locker owns its session, whose timeout is the lease's TTL. Lost
+// closes when the session expires, our node is deleted, or no ownership
+// check has succeeded for 2/3 of the timeout. The token is the parent's
+// pzxid in the listing that granted the lock: it only grows.
 //
-// A wait ended by ctx deletes its node in the background, never with the
-// caller's ctx.
-//
-// Config.Create and Config.Watchdog plug in the hardening that
-// locking/backends composes: locking/zklock/protected (a create whose reply
-// was lost), locking/zklock/handover (ctx ends a wait at once, mid-request)
-// and the shared locking/keepalive watchdog. Why each choice is safe, the
-// failure modes and the peers: docs/locks/zklock.md.
+// Config.Create and Config.Watchdog plug in the hardening locking/backends
+// composes (locking/zklock/protected and handover, locking/keepalive). Why
+// each choice is safe, the failure modes and the peers: docs/locks/zklock.md.
 package zklock
 
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,8 +38,6 @@ import (
 
 	"github.com/oversold-lab/oversold/locking"
 )
-
-var _ locking.Locker = (*Locker)(nil)
 
 const (
 	// DefaultRoot is the parent of every key's node when Config.Root is "".
@@ -58,8 +52,7 @@ const (
 
 // Config tunes a Locker. Zero values mean the documented defaults.
 type Config struct {
-	// SessionTimeout is the lease's time to live. 0 = DefaultSessionTimeout.
-	// The server clamps it; the Locker uses the timeout the server granted.
+	// SessionTimeout is the lease's TTL, as the server clamps it. 0 = DefaultSessionTimeout.
 	SessionTimeout time.Duration
 	// Root is the node under which each key gets its queue. "" = DefaultRoot.
 	Root string
@@ -69,20 +62,18 @@ type Config struct {
 	Create CreateFunc
 	// Watchdog keeps a granted lease's Lost between events. nil = a timer per lease.
 	Watchdog WatchdogFunc
+	// ACL is the ACL of every node the Locker makes. nil = zk.WorldACL(zk.PermAll).
+	ACL []zk.ACL
 }
 
 var (
-	// ErrVanished: our queue node is gone (the session expired, or someone
-	// deleted it); Acquire queues again.
+	// ErrVanished: our queue node is gone (its session expired, or a delete); Acquire queues again.
 	ErrVanished = errors.New("zklock: our queue node vanished")
 	errClosed   = fmt.Errorf("zklock: locker closed: %w", locking.ErrUnavailable)
 	errRetry    = errors.New("zklock: look again")
-	// ACL is the ACL of every node the Locker makes.
-	ACL = zk.WorldACL(zk.PermAll)
 )
 
-// Locker hands out leases backed by one ZooKeeper session. It is safe for
-// concurrent use.
+// Locker hands out leases backed by one ZooKeeper session; safe for concurrent use.
 type Locker struct {
 	cfg  Config
 	conn *zk.Conn
@@ -99,8 +90,7 @@ type Locker struct {
 	wg     sync.WaitGroup // cleanups and watches under way
 }
 
-// New connects to the servers and waits, within ctx, for a session. The
-// Locker owns the connection: the session is the lease.
+// New connects and waits, within ctx, for a session: the Locker owns it, it is the lease.
 func New(ctx context.Context, servers []string, cfg Config) (*Locker, error) {
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = DefaultSessionTimeout
@@ -115,14 +105,16 @@ func New(ctx context.Context, servers []string, cfg Config) (*Locker, error) {
 	if cfg.Watchdog == nil {
 		cfg.Watchdog = startWatchdog
 	}
+	if cfg.ACL == nil {
+		cfg.ACL = zk.WorldACL(zk.PermAll)
+	}
+	if cfg.Dialer == nil {
+		cfg.Dialer = net.DialTimeout
+	}
 	l := &Locker{cfg: cfg, done: make(chan struct{}), connected: make(chan struct{}),
 		drained: make(chan struct{}), leases: make(map[string]*lease)}
 	l.timeout.Store(int64(cfg.SessionTimeout))
-	dial := cfg.Dialer
-	if dial == nil {
-		dial = net.DialTimeout
-	}
-	conn, events, err := zk.Connect(servers, cfg.SessionTimeout, zk.WithDialer(dial),
+	conn, events, err := zk.Connect(servers, cfg.SessionTimeout, zk.WithDialer(cfg.Dialer),
 		zk.WithEventCallback(l.onEvent), zk.WithLogger(zkLogger{l}), zk.WithLogInfo(true))
 	if err != nil {
 		return nil, fmt.Errorf("zklock: connect %v: %w", servers, err)
@@ -148,9 +140,10 @@ func New(ctx context.Context, servers []string, cfg Config) (*Locker, error) {
 // SessionTimeout is the session timeout the server granted: the leases' TTL.
 func (l *Locker) SessionTimeout() time.Duration { return time.Duration(l.timeout.Load()) }
 
-// Conn and Root are the Locker's connection and root, for the plugs.
+// Conn, Root and ACL are the Locker's connection, root and ACL, for the plugs.
 func (l *Locker) Conn() *zk.Conn { return l.conn }
 func (l *Locker) Root() string   { return l.cfg.Root }
+func (l *Locker) ACL() []zk.ACL  { return l.cfg.ACL }
 
 // Go runs f on a goroutine Close waits for; false, f not run, after Close.
 func (l *Locker) Go(f func()) bool {
@@ -175,8 +168,7 @@ func (l *Locker) Sleep(ctx context.Context, d time.Duration) bool {
 	return false
 }
 
-// Close ends the session, which deletes every node it holds; held leases
-// are lost. It waits for the connection's and the Locker's goroutines.
+// Close ends the session (its nodes go, held leases are lost) and waits for the goroutines.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -185,10 +177,7 @@ func (l *Locker) Close() error {
 	}
 	l.closed = true
 	close(l.done)
-	held := make([]*lease, 0, len(l.leases))
-	for _, s := range l.leases {
-		held = append(held, s)
-	}
+	held := slices.Collect(maps.Values(l.leases))
 	clear(l.leases)
 	l.mu.Unlock()
 	l.conn.Close() // first: a check in flight, which Stop may wait for, fails now
@@ -220,18 +209,13 @@ func (l *Locker) Acquire(ctx context.Context, key string) (locking.Lease, error)
 	return nil, locking.AcquireError(ctx, key, err)
 }
 
-// queue creates our node and waits for our turn. What it leaves behind on
-// failure or ctx is removed in the background.
+// queue creates our node and waits for our turn; a node left on failure or ctx goes in the background.
 func (l *Locker) queue(ctx context.Context, key, parent string) (*lease, error) {
 	path, session, err := l.cfg.Create(l, parent)
 	if err != nil {
 		if !errors.Is(err, locking.ErrUnavailable) && !errors.Is(err, ErrVanished) {
 			err = fmt.Errorf("%w: create: %w", locking.ErrUnavailable, err)
 		}
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		l.Remove(path, session)
 		return nil, err
 	}
 	s, err := l.wait(ctx, key, parent, path, session)
@@ -241,28 +225,70 @@ func (l *Locker) queue(ctx context.Context, key, parent string) (*lease, error) 
 	return s, err
 }
 
-// CreateOnce is the default CreateFunc: the session is the one the
-// connection had when the create was sent. A create whose reply is lost
-// is an error, and its node, if made, stays until the session ends
-// (protected.Create finds it).
-func CreateOnce(l *Locker, parent string) (string, int64, error) {
-	var err error
+// CreateOnce is the default CreateFunc. A fresh GUID in the name (Curator's
+// protection mode) finds the node of a create whose reply was lost. The node
+// is the session's only if the session did not change across the create (a
+// request goes out on the session of the moment): else ErrVanished.
+func CreateOnce(l *Locker, parent string) (path string, session int64, err error) {
+	name := "_c_" + rand.Text() + "-" + Suffix
+	defer func() {
+		if err != nil {
+			l.Go(func() { l.removeNamed(parent, name) })
+		}
+	}()
 	for range Tries {
-		session := l.conn.SessionID()
-		var path string
-		path, err = l.conn.Create(parent+"/"+Suffix, nil, zk.FlagEphemeral|zk.FlagSequence, ACL)
-		if err == nil {
+		session = l.conn.SessionID()
+		path, err = l.conn.Create(parent+"/"+name, nil, zk.FlagEphemeral|zk.FlagSequence, l.cfg.ACL)
+		if errors.Is(err, zk.ErrConnectionClosed) {
+			path, err = l.find(parent, name)
+		}
+		switch {
+		case err == nil && path != "" && session != 0 && l.conn.SessionID() == session:
 			return path, session, nil
+		case err == nil && path != "":
+			return "", 0, ErrVanished
+		case errors.Is(err, zk.ErrNoNode): // no parent yet, or a container just removed
+			err = l.MakePath(parent)
 		}
-		if !errors.Is(err, zk.ErrNoNode) {
-			return "", 0, err
-		}
-		// No parent yet, or a container the server just removed.
-		if err = l.MakePath(parent); err != nil {
+		if err != nil {
 			return "", 0, err
 		}
 	}
-	return "", 0, err
+	return "", 0, cmp.Or(err, zk.ErrNoNode)
+}
+
+// find returns the path of our node (name and the sequence), or "". The
+// sync first: the server we reconnected to may lag the create; one sent
+// before the reconnection fails unsent (ErrNoServer), so it goes again.
+func (l *Locker) find(parent, name string) (string, error) {
+	_, err := l.conn.Sync(parent)
+	for n := 0; errors.Is(err, zk.ErrNoServer) && n < Tries; n++ {
+		_, err = l.conn.Sync(parent)
+	}
+	if err != nil {
+		return "", err
+	}
+	children, _, err := l.conn.Children(parent)
+	for _, c := range children {
+		if strings.HasPrefix(c, name) {
+			return parent + "/" + c, nil
+		}
+	}
+	return "", err
+}
+
+// removeNamed deletes the node a failed create may have made, once a look
+// answers. A node not of our session after the look died with its own.
+func (l *Locker) removeNamed(parent, name string) {
+	for n := 0; ; n++ {
+		path, err := l.find(parent, name)
+		if path != "" {
+			l.Remove(path, l.conn.SessionID())
+		}
+		if err == nil || errors.Is(err, zk.ErrNoNode) || !l.Sleep(context.Background(), Backoff(n)) {
+			return
+		}
+	}
 }
 
 // MakePath creates path and its missing ancestors as container nodes,
@@ -270,27 +296,23 @@ func CreateOnce(l *Locker, parent string) (string, int64, error) {
 func (l *Locker) MakePath(path string) error {
 	var err error
 	for range Tries {
-		_, err = l.conn.CreateContainer(path, nil, zk.FlagContainer, ACL)
-		if err == nil || errors.Is(err, zk.ErrNodeExists) {
-			return nil
-		}
-		if !errors.Is(err, zk.ErrNoNode) {
-			return err
-		}
+		_, err = l.conn.CreateContainer(path, nil, zk.FlagContainer, l.cfg.ACL)
 		dir := path[:strings.LastIndexByte(path, '/')]
-		if dir == "" {
-			return err
+		if !errors.Is(err, zk.ErrNoNode) || dir == "" {
+			break
 		}
 		if err = l.MakePath(dir); err != nil {
 			return err
 		}
 	}
+	if errors.Is(err, zk.ErrNodeExists) {
+		return nil
+	}
 	return err
 }
 
 // wait waits until our node is the lowest in the queue, watching only the
-// node just below it. Requests that fail are retried for as long as the
-// session may live.
+// node below it; failing requests are retried while the session may live.
 func (l *Locker) wait(ctx context.Context, key, parent, path string, session int64) (*lease, error) {
 	name := path[len(parent)+1:]
 	seq, ok := Sequence(name)
@@ -373,8 +395,7 @@ func (l *Locker) onEvent(ev zk.Event) {
 }
 
 // Remove deletes a node of ours in the background, until it is gone, its
-// session is (an ephemeral node ends with its session), or the Locker
-// closes.
+// session is (an ephemeral node ends with it), or the Locker closes.
 func (l *Locker) Remove(path string, session int64) {
 	l.Go(func() {
 		for n := 0; l.conn.SessionID() == session; n++ {
@@ -386,8 +407,7 @@ func (l *Locker) Remove(path string, session int64) {
 	})
 }
 
-// predecessor returns the queue node just below ours (seq), "" when ours is
-// the lowest, and whether ours is still in the queue.
+// predecessor returns the node just below ours ("" if none) and whether ours is listed.
 func predecessor(children []string, name string, seq int64) (pred string, mine bool) {
 	best := int64(-1)
 	for _, c := range children {

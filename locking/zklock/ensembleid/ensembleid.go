@@ -67,7 +67,7 @@ func identity(l *zklock.Locker) (string, error) {
 		if !errors.Is(err, zk.ErrNoNode) {
 			break
 		}
-		_, err = l.Conn().Create(path, []byte(rand.Text()), 0, zklock.ACL)
+		_, err = l.Conn().Create(path, []byte(rand.Text()), 0, l.ACL())
 		if errors.Is(err, zk.ErrNoNode) { // no Root yet, or a container just removed
 			err = l.MakePath(l.Root())
 		}

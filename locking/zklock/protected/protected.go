@@ -1,12 +1,10 @@
-// Package protected makes the zklock recipe's create safe when its reply is
-// lost (Curator's protection mode). A create that fails with the connection
-// may or may not have happened; creating again would leave a second node
-// that holds the key for as long as the session lives, ahead of its own
-// Locker. So the node's name carries a fresh GUID, and after an ambiguous
-// failure Create lists the children for it before creating again. It also
-// takes the node for the session the connection had when the create (or the
-// look that found it) was sent, and keeps trying while the connection is
-// down, for as long as the session may live. docs/locks/zklock.md tells why.
+// Package protected is the zklock recipe's protected create (Curator's
+// protection mode: a fresh GUID in the node's name, looked for after a
+// create whose reply was lost) made to ride out a disconnect: where
+// zklock.CreateOnce answers unavailable, Create keeps trying, the create or
+// the look for its node, for as long as the session may live. It takes the
+// node only for the session the connection had both before the create (or
+// the look that found it) and after it. docs/locks/zklock.md tells why.
 package protected
 
 import (
@@ -61,7 +59,7 @@ func (c Creator) create(l *zklock.Locker, parent, guid string) (string, int64, e
 		if c.AfterCreate != nil {
 			c.AfterCreate(path)
 		}
-		if conn.SessionID() != session {
+		if session == 0 || conn.SessionID() != session {
 			return "", 0, zklock.ErrVanished
 		}
 		return path, session, nil
@@ -82,7 +80,7 @@ func (c Creator) create(l *zklock.Locker, parent, guid string) (string, int64, e
 		}
 		if !search {
 			session = conn.SessionID()
-			path, err = conn.Create(prefix, nil, zk.FlagEphemeral|zk.FlagSequence, zklock.ACL)
+			path, err = conn.Create(prefix, nil, zk.FlagEphemeral|zk.FlagSequence, l.ACL())
 			switch {
 			case err == nil:
 				return owned(path, session)
@@ -115,9 +113,14 @@ func (c Creator) create(l *zklock.Locker, parent, guid string) (string, int64, e
 	return "", 0, err
 }
 
-// find returns the path of our node (by guid) under parent, or "".
+// find returns the path of our node (by guid) under parent, or "", syncing
+// first: the server we reconnected to may lag the one that took the create.
 func find(conn *zk.Conn, parent, guid string) (string, error) {
-	children, _, err := conn.Children(parent)
+	_, err := conn.Sync(parent)
+	var children []string
+	if err == nil {
+		children, _, err = conn.Children(parent)
+	}
 	if errors.Is(err, zk.ErrNoNode) {
 		return "", nil
 	}
