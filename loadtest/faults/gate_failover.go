@@ -24,13 +24,7 @@ const soldOutTries = 8
 // decrements MySQL without a condition and sells stock that is gone (the
 // peers' design oversells); guard atomic refuses each in MySQL, and the
 // gate takes the quantity back.
-func (f *failover) injectSoldOut(ctx context.Context, run *loadtest.Run) error {
-	r1, r2, err := replicas(run)
-	if err != nil {
-		return err
-	}
-	ctx, d := drive(ctx, run, f.hook)
-	defer d.close()
+func (f *failover) injectSoldOut(ctx context.Context, run *loadtest.Run, d *driver, r1, r2 *loadtest.Replica) error {
 	mc := client(f.master.Addr)
 	defer mc.Close()
 	what := "the cache's Redis (no gate)"

@@ -92,22 +92,14 @@ func RedisFailover() loadtest.Fault {
 // failoverFault is a failover scenario on the deployment start makes for
 // each run (Sentinel, a Redis Cluster).
 func failoverFault(start func(context.Context) (*failover, error), backends []string) loadtest.Fault {
-	var runs perRun[*failover]
-	return loadtest.Fault{
+	return scenario[*failover]{
 		Backends: backends,
-		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
+		Prepare: func(ctx context.Context, run *loadtest.Run) (*failover, func(), error) {
 			f, err := start(ctx)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			hook, err := startInsideHook()
-			if err != nil {
-				f.Close()
-				return nil, err
-			}
-			f.hook = hook
 			run.Servers.RedisAddr = f.Addr()
-			hookEveryReplica(run, hook)
 			f.ttl = ttl(run)
 			if f.ttl < failoverTTL && run.Spec.Backend != "none" {
 				for _, env := range run.ReplicaEnv {
@@ -116,24 +108,15 @@ func failoverFault(start func(context.Context) (*failover, error), backends []st
 				run.Eventf("lock TTL raised from %s to %s (Redisson's default) for this scenario: a holder learns of the failover at its first renewal, due at TTL/3, which must come after the promotion", f.ttl, failoverTTL)
 				f.ttl = failoverTTL
 			}
-			runs.put(run, f)
-			return func() {
-				runs.drop(run)
-				hook.Close()
-				f.Close()
-			}, nil
+			return f, f.Close, nil
 		},
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			f, err := runs.get(run)
-			if err != nil {
-				return err
-			}
+		Inject: func(ctx context.Context, run *loadtest.Run, d *driver, f *failover, r1, r2 *loadtest.Replica) error {
 			if run.Spec.Backend == "none" {
-				return f.injectSoldOut(ctx, run)
+				return f.injectSoldOut(ctx, run, d, r1, r2)
 			}
-			return f.inject(ctx, run)
+			return f.inject(ctx, run, d, r1, r2)
 		},
-	}
+	}.fault()
 }
 
 // failover is the private Sentinel deployment of one run, or its Redis
@@ -142,7 +125,6 @@ type failover struct {
 	master, replica *testbed.Server // for a cluster: of the fault SKU's slot, picked by inject
 	sentinels       []*testbed.Server
 	cluster         *testbed.Cluster
-	hook            *insideHook
 	ttl             time.Duration // the replicas' lock TTL
 }
 
@@ -228,13 +210,7 @@ func (f *failover) Close() {
 	}
 }
 
-func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
-	r1, r2, err := replicas(run)
-	if err != nil {
-		return err
-	}
-	ctx, d := drive(ctx, run, f.hook)
-	defer d.close()
+func (f *failover) inject(ctx context.Context, run *loadtest.Run, d *driver, r1, r2 *loadtest.Replica) error {
 	lockKey := "lock:{sku/" + run.FaultSKU + "}"
 	fenceKey := lockKey + ":fence"
 	if f.cluster != nil {
@@ -325,6 +301,7 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 	// lock_unavailable): try again.
 	var c2 *hookCall
 	var second *sent
+	var err error
 	for try := 1; ; try++ {
 		name := fmt.Sprintf("second-%d", try)
 		var s *sent
