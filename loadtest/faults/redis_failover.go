@@ -222,15 +222,8 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run, d *driver, r1,
 	defer mc.Close()
 	defer rc.Close()
 
-	// Orders while replication runs: the replica gets their grants.
-	for i := range warmOrders {
-		if p := quietly(ctx, run, d, r2, fmt.Sprintf("warm-%d", i+1)); !ordered(p) {
-			notFired(run, fmt.Errorf("an order before the cut was not placed (status %d %s)", p.status, p.code))
-			return nil
-		}
-	}
-	if _, err := mc.Wait(ctx, 1, 2*time.Second).Result(); err != nil {
-		return fmt.Errorf("wait for the replica: %w", err)
+	if ok, err := warm(ctx, run, d, r2, mc); !ok {
+		return err
 	}
 	masterFence, replicaFence := counter(ctx, mc, fenceKey), counter(ctx, rc, fenceKey)
 	if masterFence != replicaFence {
@@ -238,17 +231,8 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run, d *driver, r1,
 		return nil
 	}
 
-	// Cut replication where Sentinel cannot repair it: its user.
-	if err := mc.Do(ctx, "ACL", "SETUSER", replUser, "off").Err(); err != nil {
-		return fmt.Errorf("cut replication: %w", err)
-	}
-	if err := mc.Do(ctx, "CLIENT", "KILL", "USER", replUser).Err(); err != nil {
-		return fmt.Errorf("cut replication: %w", err)
-	}
-	tCut := time.Now()
-	if err := waitFor(ctx, 5*time.Second, "replica link down", func(ctx context.Context) error {
-		return infoHas(ctx, f.replica.Addr, "replication", "master_link_status:down")
-	}); err != nil {
+	tCut, err := f.cut(ctx, mc)
+	if err != nil {
 		return err
 	}
 	run.Eventf("%d orders placed on %s through %s and replicated; then replication cut (ACL SETUSER %s off, CLIENT KILL USER %s on the master): the replica's link is down, both have the fence counter at %d", warmOrders, run.FaultSKU, r2.Name, replUser, replUser, replicaFence)
@@ -301,7 +285,6 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run, d *driver, r1,
 	// lock_unavailable): try again.
 	var c2 *hookCall
 	var second *sent
-	var err error
 	for try := 1; ; try++ {
 		name := fmt.Sprintf("second-%d", try)
 		var s *sent
@@ -362,6 +345,39 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run, d *driver, r1,
 		run.Eventf("first order placed on %s %s after the kill", run.FaultSKU, placedAt.Sub(t0).Round(time.Millisecond))
 	}
 	return nil
+}
+
+// warm places warmOrders orders on the fault SKU through r while
+// replication runs, and waits for the replica to have them (their grants,
+// their stock). false: one was not placed (the run's events say so), or
+// the wait failed (err).
+func warm(ctx context.Context, run *loadtest.Run, d *driver, r *loadtest.Replica, mc *redis.Client) (bool, error) {
+	for i := range warmOrders {
+		if p := quietly(ctx, run, d, r, fmt.Sprintf("warm-%d", i+1)); !ordered(p) {
+			notFired(run, fmt.Errorf("an order before the cut was not placed (status %d %s)", p.status, p.code))
+			return false, nil
+		}
+	}
+	if _, err := mc.Wait(ctx, 1, 2*time.Second).Result(); err != nil {
+		return false, fmt.Errorf("wait for the replica: %w", err)
+	}
+	return true, nil
+}
+
+// cut cuts replication where Sentinel cannot repair it, its user (off, its
+// connections killed on the master mc), and returns when the replica's
+// link is down, with the time of the cut.
+func (f *failover) cut(ctx context.Context, mc *redis.Client) (time.Time, error) {
+	if err := mc.Do(ctx, "ACL", "SETUSER", replUser, "off").Err(); err != nil {
+		return time.Time{}, fmt.Errorf("cut replication: %w", err)
+	}
+	if err := mc.Do(ctx, "CLIENT", "KILL", "USER", replUser).Err(); err != nil {
+		return time.Time{}, fmt.Errorf("cut replication: %w", err)
+	}
+	t := time.Now()
+	return t, waitFor(ctx, 5*time.Second, "replica link down", func(ctx context.Context) error {
+		return infoHas(ctx, f.replica.Addr, "replication", "master_link_status:down")
+	})
 }
 
 // quietly places a driven order on the fault SKU through r and waits for
