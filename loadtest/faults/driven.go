@@ -44,11 +44,11 @@ func drive(ctx context.Context, run *loadtest.Run, hook *insideHook) (context.Co
 	return ctx, &driver{run: run, hook: hook, client: &http.Client{Timeout: 30 * time.Second}, cancel: cancel, ctx: ctx}
 }
 
-// scenario is a fault told as its own story: the preamble every scenario
-// shares lives in fault. Each run gets a hook of its own that every replica
-// is pointed at; Prepare readies the rest (private servers, proxies, replica
-// settings); Inject strikes, with what Prepare made, the run's driver and
-// the replicas it strikes ready.
+// scenario is a fault whose preamble lives in fault, so that a scenario
+// states only its own story: what Prepare starts for a run (private
+// servers, proxies, replica settings) and what Inject does with it. Every
+// run gets a hook of its own, every replica pointed at it; Inject gets what
+// Prepare made, the run's driver and the replicas it strikes.
 type scenario[T any] struct {
 	Backends []string // nil: all
 	Workload string
@@ -60,8 +60,8 @@ type scenario[T any] struct {
 	// Replicas picks the replica struck and the next one; nil is the one
 	// the seed draws (replicas).
 	Replicas func(run *loadtest.Run) (r, next *loadtest.Replica, err error)
-	// AfterLoad holds Inject until the load is over; its driver's minute
-	// starts then.
+	// AfterLoad holds Inject until the load is over; its driver's
+	// faultLimit starts then.
 	AfterLoad bool
 	Inject    func(ctx context.Context, run *loadtest.Run, d *driver, st T, r, next *loadtest.Replica) error
 }
