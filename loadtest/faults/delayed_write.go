@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/oversold-lab/oversold/internal/clock"
+	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/loadtest"
 )
 
@@ -22,39 +23,25 @@ import (
 // fencing and version refuse it (stale writes refused). No check in the
 // flow can stop it: the write was already on its way when the lease ended.
 func DelayedWrite() loadtest.Fault {
-	var runs perRun[cut]
-	return loadtest.Fault{
+	return scenario[testbed.Proxies]{
 		Backends: []string{"redis", "redlock", "zookeeper", "mysql", "etcd"},
-		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
+		Prepare: func(ctx context.Context, run *loadtest.Run) (testbed.Proxies, func(), error) {
 			paths := []string{pathMySQL}
 			if run.Spec.Backend != "mysql" { // for mysql the lock path is MariaDB already
 				paths = append(paths, pathLock)
 			}
-			return prepareCut(run, &runs, paths...)
+			return prepareCut(run, paths...)
 		},
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			st, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			defer st.ps.Restore()
-			r, err := replica(run, victim)
-			if err != nil {
-				return err
-			}
-			next, err := replica(run, victim+1)
-			if err != nil {
-				return err
-			}
-			ctx, dr := drive(ctx, run, st.hook)
-			defer dr.close()
+		Replicas: victimPair,
+		Inject: func(ctx context.Context, run *loadtest.Run, dr *driver, ps testbed.Proxies, r, next *loadtest.Replica) error {
+			defer ps.Restore()
 			c, first := dr.enter(ctx, r, atBeforeWrite, "delayed")
 			if c == nil {
 				return nil
 			}
 			defer c.Answer()
 			d := leaseLife(run)
-			if err := st.ps.Latency(d); err != nil {
+			if err := ps.Latency(d); err != nil {
 				return err
 			}
 			t0 := time.Now()
@@ -71,10 +58,10 @@ func DelayedWrite() loadtest.Fault {
 			}
 			dr.wait(ctx, second, d+lockWait)
 			_ = clock.Sleep(ctx, 300*time.Millisecond)
-			st.ps.Restore()
+			ps.Restore()
 			run.Eventf("paths healed after %s: %s's delayed write reaches MariaDB now", since(t0), c.Replica)
 			dr.wait(ctx, first, faultLimit/2)
 			return nil
 		},
-	}
+	}.fault()
 }

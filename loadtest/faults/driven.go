@@ -44,27 +44,90 @@ func drive(ctx context.Context, run *loadtest.Run, hook *insideHook) (context.Co
 	return ctx, &driver{run: run, hook: hook, client: &http.Client{Timeout: 30 * time.Second}, cancel: cancel, ctx: ctx}
 }
 
-// drivenFault is a fault that strikes through the replicas' hook: every
-// replica is pointed at a hook of the run's own, and inject gets the run's
-// driver, the replica the seed draws and the next one.
-func drivenFault(inject func(ctx context.Context, run *loadtest.Run, d *driver, r, next *loadtest.Replica) error) loadtest.Fault {
-	var runs perRun[*insideHook]
+// scenario is a fault whose preamble lives in fault, so that a scenario
+// states only its own story: what Prepare starts for a run (private
+// servers, proxies, replica settings) and what Inject does with it. Every
+// run gets a hook of its own, every replica pointed at it; Inject gets what
+// Prepare made, the run's driver and the replicas it strikes.
+type scenario[T any] struct {
+	Backends []string // nil: all
+	Workload string
+	// Prepare runs once every replica is pointed at the run's hook (its
+	// ReplicaEnv maps exist). It returns what Inject gets and the cleanup
+	// that undoes it, and cleans up itself when it fails. nil: nothing
+	// beyond the hook.
+	Prepare func(ctx context.Context, run *loadtest.Run) (T, func(), error)
+	// Replicas picks the replica struck and the next one; nil is the one
+	// the seed draws (replicas).
+	Replicas func(run *loadtest.Run) (r, next *loadtest.Replica, err error)
+	// AfterLoad holds Inject until the load is over; its driver's
+	// faultLimit starts then.
+	AfterLoad bool
+	Inject    func(ctx context.Context, run *loadtest.Run, d *driver, st T, r, next *loadtest.Replica) error
+}
+
+// fault is the scenario as the lab runs it.
+func (s scenario[T]) fault() loadtest.Fault {
+	type prepared struct {
+		hook *insideHook
+		st   T
+	}
+	var runs perRun[prepared]
+	pick := s.Replicas
+	if pick == nil {
+		pick = replicas
+	}
 	return loadtest.Fault{
-		Prepare: hookPrepare(&runs),
+		Backends: s.Backends,
+		Workload: s.Workload,
+		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
+			hook, err := startInsideHook()
+			if err != nil {
+				return nil, err
+			}
+			hookEveryReplica(run, hook)
+			var st T
+			cleanup := func() {}
+			if s.Prepare != nil {
+				if st, cleanup, err = s.Prepare(ctx, run); err != nil {
+					hook.Close()
+					return nil, err
+				}
+			}
+			runs.put(run, prepared{hook, st})
+			return func() {
+				runs.drop(run)
+				hook.Close()
+				cleanup()
+			}, nil
+		},
 		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			hook, err := runs.get(run)
+			p, err := runs.get(run)
 			if err != nil {
 				return err
 			}
-			r, next, err := replicas(run)
+			r, next, err := pick(run)
 			if err != nil {
 				return err
 			}
-			ctx, d := drive(ctx, run, hook)
+			if s.AfterLoad {
+				<-ctx.Done()
+			}
+			ctx, d := drive(ctx, run, p.hook)
 			defer d.close()
-			return inject(ctx, run, d, r, next)
+			return s.Inject(ctx, run, d, p.st, r, next)
 		},
 	}
+}
+
+// drivenFault is a scenario that needs only the hook: inject gets the
+// run's driver, the replica the seed draws and the next one.
+func drivenFault(inject func(ctx context.Context, run *loadtest.Run, d *driver, r, next *loadtest.Replica) error) loadtest.Fault {
+	return scenario[struct{}]{
+		Inject: func(ctx context.Context, run *loadtest.Run, d *driver, _ struct{}, r, next *loadtest.Replica) error {
+			return inject(ctx, run, d, r, next)
+		},
+	}.fault()
 }
 
 // close waits for the orders left to it (their answers are the run's: an
@@ -266,6 +329,27 @@ func replica(run *loadtest.Run, i int) (*loadtest.Replica, error) {
 		return nil, fmt.Errorf("the fault needs replica r%d started by the lab", i+1)
 	}
 	return run.Fleet.Replicas[i], nil
+}
+
+// victimPair returns the victim (r1), the replica the network faults
+// disturb, and the next one.
+func victimPair(run *loadtest.Run) (r, next *loadtest.Replica, err error) {
+	if r, err = replica(run, victim); err != nil {
+		return nil, nil, err
+	}
+	if next, err = replica(run, victim+1); err != nil {
+		return nil, nil, err
+	}
+	return r, next, nil
+}
+
+// oneReplica returns the replica the seed draws, for a fault that needs
+// no other.
+func oneReplica(run *loadtest.Run) (r, next *loadtest.Replica, err error) {
+	if run.Fleet == nil || len(run.Fleet.Replicas) == 0 {
+		return nil, nil, errors.New("no replicas started by the lab")
+	}
+	return run.Fleet.Replicas[run.Rand.IntN(len(run.Fleet.Replicas))], nil, nil
 }
 
 // notFired says in the run's events why the fault did not strike.

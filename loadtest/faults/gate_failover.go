@@ -24,13 +24,7 @@ const soldOutTries = 8
 // decrements MySQL without a condition and sells stock that is gone (the
 // peers' design oversells); guard atomic refuses each in MySQL, and the
 // gate takes the quantity back.
-func (f *failover) injectSoldOut(ctx context.Context, run *loadtest.Run) error {
-	r1, r2, err := replicas(run)
-	if err != nil {
-		return err
-	}
-	ctx, d := drive(ctx, run, f.hook)
-	defer d.close()
+func (f *failover) injectSoldOut(ctx context.Context, run *loadtest.Run, d *driver, r1, r2 *loadtest.Replica) error {
 	mc := client(f.master.Addr)
 	defer mc.Close()
 	what := "the cache's Redis (no gate)"
@@ -38,24 +32,10 @@ func (f *failover) injectSoldOut(ctx context.Context, run *loadtest.Run) error {
 		what = "the stock gate's Redis"
 	}
 
-	for i := range warmOrders {
-		if p := quietly(ctx, run, d, r2, fmt.Sprintf("warm-%d", i+1)); !ordered(p) {
-			notFired(run, fmt.Errorf("an order before the cut was not placed (status %d %s)", p.status, p.code))
-			return nil
-		}
+	if ok, err := warm(ctx, run, d, r2, mc); !ok {
+		return err
 	}
-	if _, err := mc.Wait(ctx, 1, 2*time.Second).Result(); err != nil {
-		return fmt.Errorf("wait for the replica: %w", err)
-	}
-	if err := mc.Do(ctx, "ACL", "SETUSER", replUser, "off").Err(); err != nil {
-		return fmt.Errorf("cut replication: %w", err)
-	}
-	if err := mc.Do(ctx, "CLIENT", "KILL", "USER", replUser).Err(); err != nil {
-		return fmt.Errorf("cut replication: %w", err)
-	}
-	if err := waitFor(ctx, 5*time.Second, "replica link down", func(ctx context.Context) error {
-		return infoHas(ctx, f.replica.Addr, "replication", "master_link_status:down")
-	}); err != nil {
+	if _, err := f.cut(ctx, mc); err != nil {
 		return err
 	}
 	sold, err := sellOut(ctx, run, d, r2)

@@ -64,16 +64,3 @@ func KillHolder() loadtest.Fault {
 	f.Backends = append(slices.Clone(leaseBackends), "none")
 	return f
 }
-
-// hookPrepare points every replica at a hook of the run's own.
-func hookPrepare(runs *perRun[*insideHook]) func(context.Context, *loadtest.Run) (func(), error) {
-	return func(ctx context.Context, run *loadtest.Run) (func(), error) {
-		hook, err := startInsideHook()
-		if err != nil {
-			return nil, err
-		}
-		hookEveryReplica(run, hook)
-		runs.put(run, hook)
-		return func() { runs.drop(run); hook.Close() }, nil
-	}
-}

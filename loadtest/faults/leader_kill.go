@@ -47,29 +47,21 @@ const leaderKillTTL = 3 * time.Second
 // lab's --topology cluster servers are left alone.
 func leaderKill(backend string, startCluster func(context.Context) (*testbed.Cluster, error)) loadtest.Fault {
 	type state struct {
-		hook    *insideHook
 		cluster *testbed.Cluster
 		life    time.Duration // the replicas' lease life
 	}
-	var runs perRun[state]
-	return loadtest.Fault{
+	return scenario[state]{
 		Backends: []string{backend},
-		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
+		Prepare: func(ctx context.Context, run *loadtest.Run) (state, func(), error) {
 			c, err := startCluster(ctx)
 			if err != nil {
-				return nil, err
-			}
-			hook, err := startInsideHook()
-			if err != nil {
-				c.Stop()
-				return nil, err
+				return state{}, nil, err
 			}
 			if backend == "zookeeper" {
 				run.Servers.ZKServers = c.Addrs()
 			} else {
 				run.Servers.EtcdEndpoints = c.Addrs()
 			}
-			hookEveryReplica(run, hook)
 			life := leaseLife(run)
 			if t := ttl(run); t < leaderKillTTL {
 				for _, env := range run.ReplicaEnv {
@@ -78,24 +70,9 @@ func leaderKill(backend string, startCluster func(context.Context) (*testbed.Clu
 				run.Eventf("lock TTL raised from %s to %s for this scenario: the lease must outlive the election and the client's move to another server", t, leaderKillTTL)
 				life += leaderKillTTL - t
 			}
-			runs.put(run, state{hook, c, life})
-			return func() {
-				runs.drop(run)
-				hook.Close()
-				c.Stop()
-			}, nil
+			return state{c, life}, func() { c.Stop() }, nil
 		},
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			st, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			r, next, err := replicas(run)
-			if err != nil {
-				return err
-			}
-			ctx, d := drive(ctx, run, st.hook)
-			defer d.close()
+		Inject: func(ctx context.Context, run *loadtest.Run, d *driver, st state, r, next *loadtest.Replica) error {
 			c, first := d.enter(ctx, r, atBeforeWrite, "held")
 			if c == nil {
 				return nil
@@ -159,5 +136,5 @@ func leaderKill(backend string, startCluster func(context.Context) (*testbed.Clu
 			run.Eventf("node %d restarted and rejoined %s after the kill", leader+1, since(t0))
 			return nil
 		},
-	}
+	}.fault()
 }

@@ -15,37 +15,19 @@ import (
 // partition.
 const victim = 0
 
-// cut is what a network fault keeps for a run: the hook that catches the
-// victim's order, and the proxies on the victim's paths.
-type cut struct {
-	hook *insideHook
-	ps   testbed.Proxies
-}
-
-// prepareCut puts the victim behind proxies on paths and the hook in every
-// replica, and returns the cleanup.
-func prepareCut(run *loadtest.Run, runs *perRun[cut], paths ...string) (func(), error) {
+// prepareCut puts the victim behind proxies on paths, and returns them
+// with their cleanup.
+func prepareCut(run *loadtest.Run, paths ...string) (testbed.Proxies, func(), error) {
 	var ps testbed.Proxies
 	for _, path := range paths {
 		more, err := proxyReplica(run, victim, path)
 		if err != nil {
 			ps.Close()
-			return nil, err
+			return nil, nil, err
 		}
 		ps = append(ps, more...)
 	}
-	hook, err := startInsideHook()
-	if err != nil {
-		ps.Close()
-		return nil, err
-	}
-	hookEveryReplica(run, hook)
-	runs.put(run, cut{hook, ps})
-	return func() {
-		runs.drop(run)
-		hook.Close()
-		ps.Close()
-	}, nil
+	return ps, ps.Close, nil
 }
 
 // lockPathFault cuts or slows the victim's path to its lock server while it
@@ -61,28 +43,14 @@ func prepareCut(run *loadtest.Run, runs *perRun[cut], paths ...string) (func(), 
 // orders itself, on the run's fault SKU: the victim's, and the second
 // holder's on the next replica.
 func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
-	var runs perRun[cut]
-	return loadtest.Fault{
+	return scenario[testbed.Proxies]{
 		Backends: backends,
-		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
-			return prepareCut(run, &runs, pathLock)
+		Prepare: func(ctx context.Context, run *loadtest.Run) (testbed.Proxies, func(), error) {
+			return prepareCut(run, pathLock)
 		},
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			st, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			defer st.ps.Restore()
-			r, err := replica(run, victim)
-			if err != nil {
-				return err
-			}
-			next, err := replica(run, victim+1)
-			if err != nil {
-				return err
-			}
-			ctx, dr := drive(ctx, run, st.hook)
-			defer dr.close()
+		Replicas: victimPair,
+		Inject: func(ctx context.Context, run *loadtest.Run, dr *driver, ps testbed.Proxies, r, next *loadtest.Replica) error {
+			defer ps.Restore()
 			c, first := dr.enter(ctx, r, atAfterRead, "cut")
 			if c == nil {
 				return nil
@@ -90,10 +58,11 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 			defer c.Answer()
 			d := leaseLife(run)
 			what := fmt.Sprintf("latency of %s each way", 2*d)
+			var err error
 			if blackhole {
-				err, what = st.ps.Cut(), "a blackhole (nothing passes)"
+				err, what = ps.Cut(), "a blackhole (nothing passes)"
 			} else {
-				err = st.ps.Latency(2 * d)
+				err = ps.Latency(2 * d)
 			}
 			if err != nil {
 				return err
@@ -110,7 +79,7 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 			}
 			dr.wait(ctx, second, d+lockWait)
 			_ = clock.Sleep(ctx, d+d/4+250*time.Millisecond-time.Since(t0))
-			st.ps.Restore()
+			ps.Restore()
 			if blackhole {
 				// Let the client reconnect and learn its session's fate.
 				_ = clock.Sleep(ctx, time.Second)
@@ -120,7 +89,7 @@ func lockPathFault(blackhole bool, backends []string) loadtest.Fault {
 			dr.wait(ctx, first, faultLimit/2)
 			return nil
 		},
-	}
+	}.fault()
 }
 
 // since is the time since t0, rounded for a sentence.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -30,17 +31,9 @@ const innodbTrxRefresh = 150 * time.Millisecond
 // reverse), and since the client got no 201 for it, no acknowledged order
 // is lost.
 func MySQLConnectionKill() loadtest.Fault {
-	var runs perRun[*insideHook]
-	return loadtest.Fault{
-		Prepare: hookPrepare(&runs),
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			hook, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			if run.Fleet == nil || len(run.Fleet.Replicas) == 0 {
-				return fmt.Errorf("no replicas started by the lab")
-			}
+	return scenario[struct{}]{
+		Replicas: oneReplica,
+		Inject: func(ctx context.Context, run *loadtest.Run, d *driver, _ struct{}, struck, _ *loadtest.Replica) error {
 			cfg, err := mysql.ParseDSN(run.Servers.MySQLDSN)
 			if err != nil {
 				return err
@@ -50,9 +43,7 @@ func MySQLConnectionKill() loadtest.Fault {
 				return err
 			}
 			defer db.Close()
-			ctx, d := drive(ctx, run, hook)
-			defer d.close()
-			first := run.Rand.IntN(len(run.Fleet.Replicas))
+			first := slices.Index(run.Fleet.Replicas, struck)
 			for i := range connectionKills {
 				r := run.Fleet.Replicas[(first+i)%len(run.Fleet.Replicas)]
 				name := fmt.Sprintf("killed-conn-%d", i+1)
@@ -75,7 +66,7 @@ func MySQLConnectionKill() loadtest.Fault {
 			}
 			return nil
 		},
-	}
+	}.fault()
 }
 
 // killOpenTransactions kills every connection to database dbName that has

@@ -92,22 +92,14 @@ func RedisFailover() loadtest.Fault {
 // failoverFault is a failover scenario on the deployment start makes for
 // each run (Sentinel, a Redis Cluster).
 func failoverFault(start func(context.Context) (*failover, error), backends []string) loadtest.Fault {
-	var runs perRun[*failover]
-	return loadtest.Fault{
+	return scenario[*failover]{
 		Backends: backends,
-		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
+		Prepare: func(ctx context.Context, run *loadtest.Run) (*failover, func(), error) {
 			f, err := start(ctx)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			hook, err := startInsideHook()
-			if err != nil {
-				f.Close()
-				return nil, err
-			}
-			f.hook = hook
 			run.Servers.RedisAddr = f.Addr()
-			hookEveryReplica(run, hook)
 			f.ttl = ttl(run)
 			if f.ttl < failoverTTL && run.Spec.Backend != "none" {
 				for _, env := range run.ReplicaEnv {
@@ -116,24 +108,15 @@ func failoverFault(start func(context.Context) (*failover, error), backends []st
 				run.Eventf("lock TTL raised from %s to %s (Redisson's default) for this scenario: a holder learns of the failover at its first renewal, due at TTL/3, which must come after the promotion", f.ttl, failoverTTL)
 				f.ttl = failoverTTL
 			}
-			runs.put(run, f)
-			return func() {
-				runs.drop(run)
-				hook.Close()
-				f.Close()
-			}, nil
+			return f, f.Close, nil
 		},
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			f, err := runs.get(run)
-			if err != nil {
-				return err
-			}
+		Inject: func(ctx context.Context, run *loadtest.Run, d *driver, f *failover, r1, r2 *loadtest.Replica) error {
 			if run.Spec.Backend == "none" {
-				return f.injectSoldOut(ctx, run)
+				return f.injectSoldOut(ctx, run, d, r1, r2)
 			}
-			return f.inject(ctx, run)
+			return f.inject(ctx, run, d, r1, r2)
 		},
-	}
+	}.fault()
 }
 
 // failover is the private Sentinel deployment of one run, or its Redis
@@ -142,7 +125,6 @@ type failover struct {
 	master, replica *testbed.Server // for a cluster: of the fault SKU's slot, picked by inject
 	sentinels       []*testbed.Server
 	cluster         *testbed.Cluster
-	hook            *insideHook
 	ttl             time.Duration // the replicas' lock TTL
 }
 
@@ -228,13 +210,7 @@ func (f *failover) Close() {
 	}
 }
 
-func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
-	r1, r2, err := replicas(run)
-	if err != nil {
-		return err
-	}
-	ctx, d := drive(ctx, run, f.hook)
-	defer d.close()
+func (f *failover) inject(ctx context.Context, run *loadtest.Run, d *driver, r1, r2 *loadtest.Replica) error {
 	lockKey := "lock:{sku/" + run.FaultSKU + "}"
 	fenceKey := lockKey + ":fence"
 	if f.cluster != nil {
@@ -246,15 +222,8 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 	defer mc.Close()
 	defer rc.Close()
 
-	// Orders while replication runs: the replica gets their grants.
-	for i := range warmOrders {
-		if p := quietly(ctx, run, d, r2, fmt.Sprintf("warm-%d", i+1)); !ordered(p) {
-			notFired(run, fmt.Errorf("an order before the cut was not placed (status %d %s)", p.status, p.code))
-			return nil
-		}
-	}
-	if _, err := mc.Wait(ctx, 1, 2*time.Second).Result(); err != nil {
-		return fmt.Errorf("wait for the replica: %w", err)
+	if ok, err := warm(ctx, run, d, r2, mc); !ok {
+		return err
 	}
 	masterFence, replicaFence := counter(ctx, mc, fenceKey), counter(ctx, rc, fenceKey)
 	if masterFence != replicaFence {
@@ -262,17 +231,8 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 		return nil
 	}
 
-	// Cut replication where Sentinel cannot repair it: its user.
-	if err := mc.Do(ctx, "ACL", "SETUSER", replUser, "off").Err(); err != nil {
-		return fmt.Errorf("cut replication: %w", err)
-	}
-	if err := mc.Do(ctx, "CLIENT", "KILL", "USER", replUser).Err(); err != nil {
-		return fmt.Errorf("cut replication: %w", err)
-	}
-	tCut := time.Now()
-	if err := waitFor(ctx, 5*time.Second, "replica link down", func(ctx context.Context) error {
-		return infoHas(ctx, f.replica.Addr, "replication", "master_link_status:down")
-	}); err != nil {
+	tCut, err := f.cut(ctx, mc)
+	if err != nil {
 		return err
 	}
 	run.Eventf("%d orders placed on %s through %s and replicated; then replication cut (ACL SETUSER %s off, CLIENT KILL USER %s on the master): the replica's link is down, both have the fence counter at %d", warmOrders, run.FaultSKU, r2.Name, replUser, replUser, replicaFence)
@@ -385,6 +345,39 @@ func (f *failover) inject(ctx context.Context, run *loadtest.Run) error {
 		run.Eventf("first order placed on %s %s after the kill", run.FaultSKU, placedAt.Sub(t0).Round(time.Millisecond))
 	}
 	return nil
+}
+
+// warm places warmOrders orders on the fault SKU through r while
+// replication runs, and waits for the replica to have them (their grants,
+// their stock). false: one was not placed (the run's events say so), or
+// the wait failed (err).
+func warm(ctx context.Context, run *loadtest.Run, d *driver, r *loadtest.Replica, mc *redis.Client) (bool, error) {
+	for i := range warmOrders {
+		if p := quietly(ctx, run, d, r, fmt.Sprintf("warm-%d", i+1)); !ordered(p) {
+			notFired(run, fmt.Errorf("an order before the cut was not placed (status %d %s)", p.status, p.code))
+			return false, nil
+		}
+	}
+	if _, err := mc.Wait(ctx, 1, 2*time.Second).Result(); err != nil {
+		return false, fmt.Errorf("wait for the replica: %w", err)
+	}
+	return true, nil
+}
+
+// cut cuts replication where Sentinel cannot repair it, its user (off, its
+// connections killed on the master mc), and returns when the replica's
+// link is down, with the time of the cut.
+func (f *failover) cut(ctx context.Context, mc *redis.Client) (time.Time, error) {
+	if err := mc.Do(ctx, "ACL", "SETUSER", replUser, "off").Err(); err != nil {
+		return time.Time{}, fmt.Errorf("cut replication: %w", err)
+	}
+	if err := mc.Do(ctx, "CLIENT", "KILL", "USER", replUser).Err(); err != nil {
+		return time.Time{}, fmt.Errorf("cut replication: %w", err)
+	}
+	t := time.Now()
+	return t, waitFor(ctx, 5*time.Second, "replica link down", func(ctx context.Context) error {
+		return infoHas(ctx, f.replica.Addr, "replication", "master_link_status:down")
+	})
 }
 
 // quietly places a driven order on the fault SKU through r and waits for

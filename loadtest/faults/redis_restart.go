@@ -22,58 +22,32 @@ import (
 // keeps, so under guard fencing the new holders are refused (409 lock_lost)
 // until the counter climbs past it: safe, but not available.
 func RedisRestart() loadtest.Fault {
-	type state struct {
-		hook *insideHook
-		srv  *testbed.Server
-	}
-	var runs perRun[state]
-	return loadtest.Fault{
+	return scenario[*testbed.Server]{
 		// none: the stock gate's Redis (--gates redis), the cache's alone
 		// without it.
 		Backends: []string{"redis", "none"},
-		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
+		Prepare: func(ctx context.Context, run *loadtest.Run) (*testbed.Server, func(), error) {
 			srv, err := testbed.StartRedis(ctx, testbed.Options{})
 			if err != nil {
-				return nil, err
-			}
-			hook, err := startInsideHook()
-			if err != nil {
-				srv.Stop()
-				return nil, err
+				return nil, nil, err
 			}
 			run.Servers.RedisAddr = srv.Addr
-			hookEveryReplica(run, hook)
-			runs.put(run, state{hook, srv})
-			return func() {
-				runs.drop(run)
-				hook.Close()
-				srv.Stop()
-			}, nil
+			return srv, func() { srv.Stop() }, nil
 		},
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			st, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			r, next, err := replicas(run)
-			if err != nil {
-				return err
-			}
-			ctx, d := drive(ctx, run, st.hook)
-			defer d.close()
+		Inject: func(ctx context.Context, run *loadtest.Run, d *driver, srv *testbed.Server, r, next *loadtest.Replica) error {
 			c, first := d.enter(ctx, r, atBeforeWrite, "held")
 			if c == nil {
 				return nil
 			}
 			defer c.Answer()
 			t0 := time.Now()
-			if err := st.srv.Kill(); err != nil {
+			if err := srv.Kill(); err != nil {
 				return err
 			}
 			// Restart on a context of its own: the server must come back
 			// even if the load ends meanwhile.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			err = st.srv.Restart(rctx)
+			err := srv.Restart(rctx)
 			cancel()
 			if err != nil {
 				return err
@@ -88,7 +62,7 @@ func RedisRestart() loadtest.Fault {
 			d.wait(ctx, first, faultLimit/2)
 			return nil
 		},
-	}
+	}.fault()
 }
 
 // racePair sends a second order to replica next on the fault SKU while

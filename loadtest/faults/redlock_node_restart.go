@@ -37,14 +37,12 @@ func RedlockNodeRestartDelayed() loadtest.Fault { return redlockRestart(-1) }
 // and a quarter.
 func redlockRestart(down time.Duration) loadtest.Fault {
 	type state struct {
-		hook  *insideHook
 		nodes []*testbed.Server
 		cut   *testbed.Proxy
 	}
-	var runs perRun[state]
-	return loadtest.Fault{
+	return scenario[state]{
 		Backends: []string{"redlock"},
-		Prepare: func(ctx context.Context, run *loadtest.Run) (func(), error) {
+		Prepare: func(ctx context.Context, run *loadtest.Run) (state, func(), error) {
 			nodes := make([]*testbed.Server, redlockNodes)
 			errs := make([]error, redlockNodes)
 			var wg sync.WaitGroup
@@ -61,7 +59,7 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 			}
 			if err := errors.Join(errs...); err != nil {
 				stop()
-				return nil, err
+				return state{}, nil, err
 			}
 			addrs := make([]string, len(nodes))
 			for i, n := range nodes {
@@ -73,41 +71,18 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 			cut, err := testbed.StartProxy("r1-redlock-c", nodes[2].Addr)
 			if err != nil {
 				stop()
-				return nil, err
+				return state{}, nil, err
 			}
 			cut.Refuse()
-			hook, err := startInsideHook()
-			if err != nil {
-				cut.Close()
-				stop()
-				return nil, err
-			}
-			hookEveryReplica(run, hook)
 			r1 := fmt.Sprintf("%s,%s,%s", addrs[0], addrs[1], cut.Addr())
 			run.ReplicaEnv[victim]["OVERSOLD_REDLOCK_ADDRS"] = r1
-			runs.put(run, state{hook, nodes, cut})
-			return func() {
-				runs.drop(run)
-				hook.Close()
+			return state{nodes, cut}, func() {
 				cut.Close()
 				stop()
 			}, nil
 		},
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			st, err := runs.get(run)
-			if err != nil {
-				return err
-			}
-			r, err := replica(run, victim)
-			if err != nil {
-				return err
-			}
-			next, err := replica(run, victim+1)
-			if err != nil {
-				return err
-			}
-			ctx, dr := drive(ctx, run, st.hook)
-			defer dr.close()
+		Replicas: victimPair,
+		Inject: func(ctx context.Context, run *loadtest.Run, dr *driver, st state, r, next *loadtest.Replica) error {
 			run.Eventf("r1 cannot reach Redlock node C: its leases live on nodes A and B only")
 			// The immediate restart lets r1 go on past its Lost check, as a
 			// holder that does not know; the control holds it before the
@@ -147,7 +122,7 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 				return nil
 			}
 			run.Fired("%s holds the lock; node B killed (SIGKILL), to restart after %s", c, d)
-			seen := st.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
+			seen := dr.hook.expect(byKey(atBeforeWrite, run.KeyPrefix+"-second"))
 			second := dr.send(ctx, next, "second")
 			_ = clock.Sleep(ctx, d-time.Since(t0))
 			if err := restart(); err != nil {
@@ -166,5 +141,5 @@ func redlockRestart(down time.Duration) loadtest.Fault {
 			dr.wait(ctx, first, faultLimit/2)
 			return nil
 		},
-	}
+	}.fault()
 }

@@ -291,17 +291,18 @@ func ReservationExpiryRace() loadtest.Fault {
 // (nil: all) whose inject gets the run's driver (its hook), a connection to
 // MySQL, the replica the seed draws and the next one.
 func reservationFault(backends []string, inject func(ctx context.Context, run *loadtest.Run, d *driver, db *sql.DB, r, next *loadtest.Replica) error) loadtest.Fault {
-	f := drivenFault(func(ctx context.Context, run *loadtest.Run, d *driver, r, next *loadtest.Replica) error {
-		db, err := sql.Open("mysql", run.Servers.MySQLDSN)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		return inject(ctx, run, d, db, r, next)
-	})
-	f.Workload = loadtest.WorkloadReservations
-	f.Backends = backends
-	return f
+	return scenario[struct{}]{
+		Backends: backends,
+		Workload: loadtest.WorkloadReservations,
+		Inject: func(ctx context.Context, run *loadtest.Run, d *driver, _ struct{}, r, next *loadtest.Replica) error {
+			db, err := sql.Open("mysql", run.Servers.MySQLDSN)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			return inject(ctx, run, d, db, r, next)
+		},
+	}.fault()
 }
 
 // reserve holds quantity of sku for ttl seconds on base, with key ("" for

@@ -33,15 +33,13 @@ import (
 // lost and writes nothing: even guard none is safe.
 func ZKFollowerPartition() loadtest.Fault {
 	type state struct {
-		hook     *insideHook
 		cluster  *testbed.Cluster
 		follower int                     // the victim's server
 		links    map[int]testbed.Proxies // by node: every proxy on a link to or from it
 	}
-	var runs perRun[*state]
-	return loadtest.Fault{
+	return scenario[*state]{
 		Backends: []string{"zookeeper"},
-		Prepare: func(ctx context.Context, run *loadtest.Run) (_ func(), err error) {
+		Prepare: func(ctx context.Context, run *loadtest.Run) (_ *state, _ func(), err error) {
 			st := &state{links: map[int]testbed.Proxies{}}
 			var (
 				mu  sync.Mutex // peer is called from every node's start at once
@@ -67,12 +65,12 @@ func ZKFollowerPartition() loadtest.Fault {
 			}
 			c, err := testbed.StartZooKeeperEnsemble(ctx, testbed.ClusterOptions{}, peer)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			leader, err := c.Leader(ctx)
 			if err != nil {
 				c.Stop()
-				return nil, err
+				return nil, nil, err
 			}
 			st.cluster = c
 			var others []string
@@ -83,47 +81,21 @@ func ZKFollowerPartition() loadtest.Fault {
 				}
 			}
 			run.Servers.ZKServers = others
-			if run.ReplicaEnv[victim] == nil {
-				run.ReplicaEnv[victim] = map[string]string{}
-			}
 			run.ReplicaEnv[victim]["OVERSOLD_ZK_SERVERS"] = c.Nodes[st.follower].Addr
-			hook, err := startInsideHook()
-			if err != nil {
-				c.Stop()
-				return nil, err
-			}
-			st.hook = hook
-			hookEveryReplica(run, hook)
-			runs.put(run, st)
-			return func() {
-				runs.drop(run)
-				hook.Close()
+			return st, func() {
 				all.Close()
 				c.Stop()
 			}, nil
 		},
-		Inject: func(ctx context.Context, run *loadtest.Run) error {
-			st, err := runs.get(run)
-			if err != nil {
-				return err
-			}
+		Replicas: victimPair,
+		// After the load: a write of r1's session queued behind the cut
+		// (a load order's lock node) would hold back the session's later
+		// reads, which ZooKeeper serves in order, and fail the check
+		// anyway. An idle holder is the case that needs the sync.
+		AfterLoad: true,
+		Inject: func(ctx context.Context, run *loadtest.Run, d *driver, st *state, r, next *loadtest.Replica) error {
 			links := st.links[st.follower]
 			defer links.Restore()
-			r, err := replica(run, victim)
-			if err != nil {
-				return err
-			}
-			next, err := replica(run, victim+1)
-			if err != nil {
-				return err
-			}
-			// After the load: a write of r1's session queued behind the cut
-			// (a load order's lock node) would hold back the session's later
-			// reads, which ZooKeeper serves in order, and fail the check
-			// anyway. An idle holder is the case that needs the sync.
-			<-ctx.Done()
-			ctx, d := drive(ctx, run, st.hook)
-			defer d.close()
 			c, first := d.enter(ctx, r, atAfterRead, "cut")
 			if c == nil {
 				return nil
@@ -161,7 +133,7 @@ func ZKFollowerPartition() loadtest.Fault {
 			run.Eventf("follower's links healed %s after the cut", since(t0))
 			return nil
 		},
-	}
+	}.fault()
 }
 
 // followerOf is the pick-th (0 or 1) node of three that is not leader.
