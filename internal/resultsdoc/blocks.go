@@ -629,7 +629,7 @@ func queueRow(ev Evidence) string {
 	accepted := mean(runs, func(r Run) float64 { return float64(*r.Accepted) / r.DurationS })
 	confirm := mean(runs, func(r Run) float64 { return r.ConfirmMS.P99 })
 	return fmt.Sprintf("| Accept now, write later: 202 once the gate took the stock, a consumer writes MySQL | `%s/%s+gate+queue` | "+
-		"no fault runs yet; without faults %d lost and %d pending of %d runs' 202s | %.0f accepted (202), %.0f; outcome p99 %.0f ms after the 202 | "+
+		"no fault runs yet; without faults %d lost and %d pending of %d runs' 202s | %.0f accepted (202s), p99 %.0f ms; the outcome's p99 %.0f ms after the 202 | "+
 		"one Redis holding the gate and the stream (`appendfsync always` to keep what it accepted through a crash), MySQL |\n",
 		r.Backend, r.Guard, lost, pending, len(runs), accepted, mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }), confirm)
 }
