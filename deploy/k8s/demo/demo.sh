@@ -108,7 +108,17 @@ k rollout status deployment/orderd --timeout=180s >/dev/null || fail "orderd did
 say "orderd rolled out, 3 replicas ready: $(($(date +%s) - t))s"
 k get pods -o wide >"$REPORT/pods-start.txt"
 
-ORDERD=http://$(k get service orderd -o jsonpath='{.spec.clusterIP}'):80
+ORDERD_IP=$(k get service orderd -o jsonpath='{.spec.clusterIP}')
+ORDERD=http://$ORDERD_IP:80
+# Ready pods are not yet a Service that answers: kube-proxy programs the
+# endpoints a moment later (until then the ClusterIP refuses). Wait until
+# it answers /readyz 200, without curl (bash's /dev/tcp, in the netns).
+t=$(date +%s)
+until in_ns timeout 2 bash -c "exec 3<>/dev/tcp/$ORDERD_IP/80 && printf 'GET /readyz HTTP/1.0\r\n\r\n' >&3 && head -1 <&3" 2>/dev/null | grep -q ' 200 '; do
+	[ $(($(date +%s) - t)) -lt 60 ] || fail "the orderd Service did not answer /readyz within 60s"
+	sleep 1
+done
+say "the orderd Service answers: $(($(date +%s) - t))s"
 MYSQL_DSN="oversold:oversold@tcp($(k get service mysql -o jsonpath='{.spec.clusterIP}'):3306)/oversold?parseTime=true"
 
 # lab_start NAME ARGS...: the lab through the Service, in the background ($lab),
