@@ -60,6 +60,11 @@ func TestKeepaliveLostAtOnceWhenNotHeld(t *testing.T) {
 	case <-time.After(ttl / 2):
 		t.Fatal("Lost still open after the server said the lease is not held")
 	}
+	// onFail runs after Lost closes (a blocking callback must not hold
+	// Lost open): wait for it, boundedly.
+	for wait := time.Now().Add(ttl); failures.Load() == 0 && time.Now().Before(wait); {
+		time.Sleep(time.Millisecond)
+	}
 	if failures.Load() != 1 {
 		t.Errorf("onFail heard %d failures, want 1", failures.Load())
 	}
