@@ -53,7 +53,7 @@ results-labs: deps
 	$(GO) run ./cmd/lab --out $(LABS)/faults $(FAULTS) --backends redis,redlock,zookeeper,mysql,etcd --guards none,version,fencing
 	$(GO) run ./cmd/lab --out $(LABS)/gate-sweep --sweep --backends none --guards atomic,none --gates none,redis \
 		--replicas 3 --skus 1 --repeat 3
-	$(GO) run ./cmd/lab --out $(LABS)/gate-sellout --backends none --guards atomic --gates none,redis \
+	$(GO) run ./cmd/lab --out $(LABS)/gate-sellout --sweep --backends none --guards atomic --gates none,redis \
 		--stock 100 --requests 10000 --rate 100000 --replicas 3 --skus 1
 	$(GO) run ./cmd/lab --out $(LABS)/gate-faults $(GATE_FAULTS) --guards atomic --repeat 20
 	$(GO) run ./cmd/lab --out $(LABS)/gate-faults-trusting $(GATE_FAULTS) --guards none --repeat 5

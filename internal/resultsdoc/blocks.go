@@ -544,9 +544,10 @@ func gateHot(ev Evidence, backend, guard string) []Run {
 }
 
 // ceiling is the mean answers per second of gate.json's ceiling runs
-// (GET /healthz through the same balancer and replicas), 0 if none ran.
-func ceiling(ev Evidence) float64 {
-	runs := filter(ev.Gate, func(r Run) bool { return r.Workload == "ceiling" && r.Error == "" })
+// (GET /healthz through the same balancer and replicas) of the lab that
+// sent requests requests (the sweep's or the sell-out's), 0 if none ran.
+func ceiling(ev Evidence, requests int) float64 {
+	runs := filter(ev.Gate, func(r Run) bool { return r.Workload == "ceiling" && r.Error == "" && r.Requests == requests })
 	return mean(runs, func(r Run) float64 { return r.ThroughputRPS })
 }
 
@@ -568,7 +569,10 @@ func gateHotCell(ev Evidence, backend, guard string) string {
 	runs := gateHot(ev, backend, guard)
 	o := mean(runs, func(r Run) float64 { return r.OrdersRPS })
 	s := fmt.Sprintf("%.0f, %.0f", o, mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }))
-	if top := ceiling(ev); top > 0 {
+	if len(runs) == 0 {
+		return s
+	}
+	if top := ceiling(ev, runs[0].Requests); top > 0 {
 		s += fmt.Sprintf("; %.2f of the ceiling", o/top)
 	}
 	return s
@@ -590,7 +594,7 @@ func gateNote(ev Evidence) string {
 	if o := mean(ref, func(r Run) float64 { return r.OrdersRPS }); o > 0 {
 		s += fmt.Sprintf("; `none/atomic+gate` at %.2fx `none/atomic` of the same lab", mean(runs, func(r Run) float64 { return r.OrdersRPS })/o)
 	}
-	if top := ceiling(ev); top > 0 {
+	if top := ceiling(ev, runs[0].Requests); top > 0 {
 		s += fmt.Sprintf("; the ceiling, `GET /healthz` through the same balancer and replicas: %.0f answers/s", top)
 	}
 	sale := func(gated bool) []Run {
@@ -601,9 +605,12 @@ func gateNote(ev Evidence) string {
 	with, without := sale(true), sale(false)
 	if len(with) > 0 && len(without) > 0 {
 		rps := func(r Run) float64 { return r.ThroughputRPS }
-		s += fmt.Sprintf("; a sell-out (%d orders for stock %d, unpaced) answered %.0f/s with the gate, %.2fx `none/atomic` without it, undersold %d",
-			with[0].Requests, with[0].InitialStock, mean(with, rps), mean(with, rps)/mean(without, rps),
-			count(with).undersold)
+		s += fmt.Sprintf("; a sell-out (%d orders for stock %d, unpaced) answered %.0f/s with the gate, %.2fx `none/atomic` without it",
+			with[0].Requests, with[0].InitialStock, mean(with, rps), mean(with, rps)/mean(without, rps))
+		if top := ceiling(ev, with[0].Requests); top > 0 {
+			s += fmt.Sprintf(" and %.2f of the same lab's ceiling (%.0f answers/s)", mean(with, rps)/top, top)
+		}
+		s += fmt.Sprintf(", undersold %d", count(with).undersold)
 	}
 	return s + ".\n"
 }
