@@ -56,13 +56,14 @@ results-labs: deps
 	$(GO) run ./cmd/lab --out $(LABS)/gate-sellout --sweep --backends none --guards atomic --gates none,redis \
 		--stock 100 --requests 10000 --rate 100000 --replicas 3 --skus 1
 	$(GO) run ./cmd/lab --out $(LABS)/gate-faults $(GATE_FAULTS) --guards atomic --repeat 20
+	$(GO) run ./cmd/lab --out $(LABS)/gate-faults-version $(GATE_FAULTS) --guards version --repeat 20
 	$(GO) run ./cmd/lab --out $(LABS)/gate-faults-trusting $(GATE_FAULTS) --guards none --repeat 5
 	$(GO) run ./cmd/lab --out $(LABS)/queue --backends none --guards atomic --accept sync,queue \
 		--stock 3000 --requests 4000 --rate 4000 --workers 64 --repeat 2
 	$(GO) run ./cmd/results -import default=$(LABS)/default
 	$(GO) run ./cmd/results -import sweep=$(LABS)/sweep
 	$(GO) run ./cmd/results -import faults=$(LABS)/faults
-	$(GO) run ./cmd/results -import gate=$(LABS)/gate-sweep,$(LABS)/gate-sellout,$(LABS)/gate-faults,$(LABS)/gate-faults-trusting
+	$(GO) run ./cmd/results -import gate=$(LABS)/gate-sweep,$(LABS)/gate-sellout,$(LABS)/gate-faults,$(LABS)/gate-faults-version,$(LABS)/gate-faults-trusting
 	$(GO) run ./cmd/results -import queue=$(LABS)/queue
 
 vet:
