@@ -597,6 +597,12 @@ func gateNote(ev Evidence) string {
 	if top := ceiling(ev, runs[0].Requests); top > 0 {
 		s += fmt.Sprintf("; the ceiling, `GET /healthz` through the same balancer and replicas: %.0f answers/s", top)
 	}
+	if v := filter(gateRuns(ev, "none", "version"), func(r Run) bool { return r.Fault != "" }); len(v) > 0 {
+		s += "; guard `version` beneath the gate under the same faults: " + survivesIn(v)
+		if t := count(v); t.oversold > 0 {
+			s += fmt.Sprintf(", **%d oversold**", t.oversold)
+		}
+	}
 	sale := func(gated bool) []Run {
 		return filter(ev.Gate, func(r Run) bool {
 			return r.Backend == "none" && r.Guard == "atomic" && (r.Gate != "") == gated && r.Fault == "" && r.Workload == "" && r.Error == "" && soldOut(r)
