@@ -1,0 +1,144 @@
+package loadtest
+
+import (
+	"fmt"
+	"html/template"
+	"math"
+	"strings"
+)
+
+// backlogColors: the 202s, the outcomes MySQL took, the rejected among
+// them, and the stream's sampled length.
+var backlogColors = map[string]string{
+	"accepted (202)":       "#2563eb",
+	"settled in MySQL":     "#16a34a",
+	"rejected":             "#d97706",
+	"stream length (XLEN)": "#6b7280",
+	"backlog (pending)":    "#dbeafe",
+}
+
+// queueCharts draws, for every queue run with a timeline, its backlog
+// chart.
+func queueCharts(results []Result) []template.HTML {
+	var out []template.HTML
+	for _, r := range results {
+		if r.Accept == "queue" && len(r.QueueTimeline) > 0 {
+			out = append(out, backlogChart(r))
+		}
+	}
+	return out
+}
+
+// backlogChart draws a queue run's orders accepted and settled over time,
+// counted from the run's start, on one pair of axes: the gap between the
+// two curves is the backlog, the orders answered 202 and not yet written,
+// that a customer waits behind. Drawn once for a screen and once at a
+// phone's width (report.html.tmpl shows one).
+func backlogChart(r Result) template.HTML {
+	return template.HTML(`<div class="chart-wide">` + drawBacklog(r, chartWidth) +
+		`</div><div class="chart-narrow">` + drawBacklog(r, narrowWidth) + `</div>`)
+}
+
+// drawBacklog draws backlogChart width px wide.
+func drawBacklog(r Result, width int) string {
+	const plotH, left, right, bottom = 200, 48, 12, 34
+	title := r.Name() + ": orders accepted (202) and settled in MySQL over time; the shaded gap is the backlog a customer waits behind"
+	if c := r.ConfirmMS; c != nil {
+		title += fmt.Sprintf(" (202 to outcome: p50 %s ms, p99 %s ms)", num(c.P50), num(c.P99))
+	}
+	titles := wrapText(title, 14, float64(width-8))
+	// Cumulative counts at the end of each slice.
+	n := len(r.QueueTimeline)
+	xs := make([]float64, n+1)
+	acc, set, rej := make([]float64, n+1), make([]float64, n+1), make([]float64, n+1)
+	step := 0.0
+	if n > 1 {
+		step = r.QueueTimeline[1].AtS - r.QueueTimeline[0].AtS
+	}
+	hasLen := false
+	for i, s := range r.QueueTimeline {
+		xs[i+1] = s.AtS + step
+		acc[i+1] = acc[i] + float64(s.Accepted)
+		set[i+1] = set[i] + float64(s.Confirmed+s.Rejected)
+		rej[i+1] = rej[i] + float64(s.Rejected)
+		hasLen = hasLen || s.StreamLen >= 0
+	}
+	keys := []series{{name: "accepted (202)"}, {name: "settled in MySQL"}, {name: "backlog (pending)"}}
+	if rej[n] > 0 {
+		keys = append(keys, series{name: "rejected"})
+	}
+	if hasLen {
+		keys = append(keys, series{name: "stream length (XLEN)"})
+	}
+	for i := range keys {
+		keys[i].color = backlogColors[keys[i].name]
+	}
+	top := 17*len(titles) + 8 + 14*legendRows(keys, 4, width) + 22
+	height := top + plotH + bottom
+	xTicks, yTicks := ticks(xs[n]), ticks(math.Max(acc[n], set[n]))
+	maxX, maxY := xTicks[len(xTicks)-1], yTicks[len(yTicks)-1]
+	plotW := float64(width - left - right)
+	px := func(x float64) float64 { return float64(left) + x/maxX*plotW }
+	py := func(y float64) float64 { return float64(top) + plotH - y/maxY*plotH }
+	points := func(ys []float64) []string {
+		pts := make([]string, len(ys))
+		for i := range ys {
+			pts[i] = fmt.Sprintf("%.1f,%.1f", px(xs[i]), py(ys[i]))
+		}
+		return pts
+	}
+
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="%s" data-chart="queue-backlog" data-run="%s">`,
+		width, height, width, height, esc(title), esc(r.Name()))
+	for i, t := range titles {
+		fmt.Fprintf(&b, `<text x="4" y="%d" class="title">%s</text>`, 16+17*i, esc(t))
+	}
+	legend(&b, keys, 4, 17*len(titles)+4, width)
+	fmt.Fprintf(&b, `<text x="4" y="%d" class="unit">orders, counted from the start</text>`, top-10)
+	for _, t := range yTicks {
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" class="grid"/>`, left, py(t), float64(left)+plotW, py(t))
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end" class="value">%s</text>`, left-4, py(t)+4, num(t))
+	}
+	for i, t := range xTicks {
+		anchor := "middle"
+		switch i {
+		case 0:
+			anchor = "start"
+		case len(xTicks) - 1:
+			anchor = "end"
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="%s" class="value">%s</text>`, px(t), top+plotH+14, anchor, num(t))
+	}
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="end" class="unit">seconds from the first request</text>`, float64(left)+plotW, top+plotH+28)
+	// The backlog: the area between the two curves.
+	settledBack := points(set)
+	for i, j := 0, len(settledBack)-1; i < j; i, j = i+1, j-1 {
+		settledBack[i], settledBack[j] = settledBack[j], settledBack[i]
+	}
+	fmt.Fprintf(&b, `<polygon points="%s" fill="%s" data-series="backlog"><title>backlog: accepted, not yet settled</title></polygon>`,
+		strings.Join(append(points(acc), settledBack...), " "), backlogColors["backlog (pending)"])
+	curve := func(name, key string, ys []float64, dash string) {
+		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="2"%s data-series="%s"><title>%s: %s by %s s</title></polyline>`,
+			strings.Join(points(ys), " "), backlogColors[key], dash, name, esc(key), num(ys[len(ys)-1]), num(xs[len(xs)-1]))
+	}
+	curve("accepted", "accepted (202)", acc, "")
+	curve("settled", "settled in MySQL", set, "")
+	if rej[n] > 0 {
+		curve("rejected", "rejected", rej, "")
+	}
+	if hasLen {
+		var pts []string
+		for i, s := range r.QueueTimeline {
+			if s.StreamLen >= 0 {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(xs[i+1]), py(float64(s.StreamLen))))
+			}
+		}
+		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="1.5" stroke-dasharray="4 3" data-series="stream"><title>stream length (XLEN), sampled</title></polyline>`,
+			strings.Join(pts, " "), backlogColors["stream length (XLEN)"])
+	}
+	fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" class="axis"/>`, left, py(0), float64(left)+plotW, py(0))
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%.1f" class="axis"/>`, left, top, left, py(0))
+	b.WriteString(`</svg>`)
+	return b.String()
+}
