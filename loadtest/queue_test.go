@@ -72,6 +72,13 @@ func TestQueueSummary(t *testing.T) {
 			t.Errorf("summary %q does not say %q", got, want)
 		}
 	}
+	// With its rates and the stream's longest length.
+	var longest int64 = 172
+	r.AcceptedRPS, r.SettledRPS, r.StreamLenMax = 2202, 2148, &longest
+	got = strings.Join(Summary([]Result{r}), " ")
+	if want := "0 still pending after the drain. It accepted 2202 orders/s and MySQL took their outcomes at 2148/s; the stream held at most 172 entries."; !strings.Contains(got, want) {
+		t.Errorf("summary %q does not say %q", got, want)
+	}
 }
 
 // queueTimeline slices a queue run from its first request sent: 202s by
