@@ -39,7 +39,7 @@ type queueOutcome struct {
 // res. An order MySQL holds no outcome for after the bound is asked of the
 // replicas: pending there, it is left pending; unknown (404), it was lost
 // with the queue.
-func drainQueue(ctx context.Context, db *sql.DB, urls []string, accepted []Accepted, bound time.Duration, res *Result) error {
+func drainQueue(ctx context.Context, db *sql.DB, urls []string, accepted []Accepted, bound time.Duration, res *Result) (map[string]queueOutcome, error) {
 	outcomes := map[string]queueOutcome{}
 	deadline := time.Now().Add(bound)
 	for {
@@ -50,14 +50,14 @@ func drainQueue(ctx context.Context, db *sql.DB, urls []string, accepted []Accep
 			}
 		}
 		if err := readOutcomes(ctx, db, left, outcomes); err != nil {
-			return fmt.Errorf("queue drain: %w", err)
+			return nil, fmt.Errorf("queue drain: %w", err)
 		}
 		if len(outcomes) == len(accepted) || time.Now().After(deadline) {
 			break
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -76,7 +76,7 @@ func drainQueue(ctx context.Context, db *sql.DB, urls []string, accepted []Accep
 		}
 	}
 	if err := readOutcomes(ctx, db, settledSince, outcomes); err != nil {
-		return fmt.Errorf("queue drain: %w", err)
+		return nil, fmt.Errorf("queue drain: %w", err)
 	}
 	var waits []time.Duration
 	for _, a := range accepted {
@@ -107,7 +107,7 @@ func drainQueue(ctx context.Context, db *sql.DB, urls []string, accepted []Accep
 	if pending > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d accepted orders still pending %v after the load", pending, bound))
 	}
-	return nil
+	return outcomes, nil
 }
 
 // readOutcomes adds the outcomes MySQL holds for ids to out. settled_at is

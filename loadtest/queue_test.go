@@ -34,7 +34,7 @@ func TestDrainQueue(t *testing.T) {
 	t.Cleanup(replica.Close)
 	var res Result
 	accepted := []Accepted{{"a1", at}, {"a2", at}, {"a3", at}, {"a4", at}}
-	if err := drainQueue(t.Context(), db, []string{replica.URL}, accepted, 200*time.Millisecond, &res); err != nil {
+	if _, err := drainQueue(t.Context(), db, []string{replica.URL}, accepted, 200*time.Millisecond, &res); err != nil {
 		t.Fatal(err)
 	}
 	got := func(p *int) int {
@@ -71,5 +71,56 @@ func TestQueueSummary(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("summary %q does not say %q", got, want)
 		}
+	}
+	// With its rates and the stream's longest length.
+	var longest int64 = 172
+	r.AcceptedRPS, r.SettledRPS, r.StreamLenMax = 2202, 2148, &longest
+	got = strings.Join(Summary([]Result{r}), " ")
+	if want := "0 still pending after the drain. It accepted 2202 orders/s and MySQL took their outcomes at 2148/s; the stream held at most 172 entries."; !strings.Contains(got, want) {
+		t.Errorf("summary %q does not say %q", got, want)
+	}
+}
+
+// queueTimeline slices a queue run from its first request sent: 202s by
+// their answer, outcomes by MySQL's settled_at, the stream's length and
+// the replicas' memory as sampled; outcomes per second up to the last
+// outcome, the longest stream, each replica's memory first and last.
+func TestQueueTimeline(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	accepted := []Accepted{{"a", at(50)}, {"b", at(120)}, {"c", at(130)}, {"d", at(350)}}
+	outcomes := map[string]queueOutcome{
+		"a": {"confirmed", at(210)}, "b": {"confirmed", at(220)}, "c": {"rejected", at(390)}, "d": {"confirmed", at(400)},
+	}
+	samples := []queueSample{
+		{at: at(0), streamLen: 0, rss: map[string]float64{"r1": 30, "r2": 31}},
+		{at: at(250), streamLen: 2, rss: map[string]float64{"r1": 33, "r2": 32}},
+		{at: at(380), streamLen: -1, rss: map[string]float64{"r1": 31, "r2": 32}},
+	}
+	var res Result
+	queueTimeline(t0, accepted, outcomes, samples, &res)
+	want := []QueueSlice{
+		{AtS: 0, Accepted: 1, StreamLen: 0, RSSMB: 31},
+		{AtS: 0.1, Accepted: 2, StreamLen: -1, RSSMB: -1},
+		{AtS: 0.2, Confirmed: 2, StreamLen: 2, RSSMB: 33},
+		{AtS: 0.3, Accepted: 1, Rejected: 1, StreamLen: -1, RSSMB: 32},
+		{AtS: 0.4, Confirmed: 1, StreamLen: -1, RSSMB: -1},
+	}
+	if len(res.QueueTimeline) != len(want) {
+		t.Fatalf("timeline %+v, want %+v", res.QueueTimeline, want)
+	}
+	for i := range want {
+		if res.QueueTimeline[i] != want[i] {
+			t.Errorf("slice %d: %+v, want %+v", i, res.QueueTimeline[i], want[i])
+		}
+	}
+	if res.SettledRPS != 10 { // 4 outcomes, the last 400 ms after the first request
+		t.Errorf("settled_rps %v, want 10", res.SettledRPS)
+	}
+	if res.StreamLenMax == nil || *res.StreamLenMax != 2 {
+		t.Errorf("stream_len_max %v, want 2", res.StreamLenMax)
+	}
+	if res.ReplicaRSSStartMB["r1"] != 30 || res.ReplicaRSSEndMB["r1"] != 31 || res.ReplicaRSSEndMB["r2"] != 32 {
+		t.Errorf("rss start %v end %v, want r1 30 -> 31, r2 -> 32", res.ReplicaRSSStartMB, res.ReplicaRSSEndMB)
 	}
 }

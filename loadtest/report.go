@@ -193,6 +193,7 @@ func writeHTML(w io.Writer, rep Report) error {
 	if len(lines) > 0 {
 		charts = append(charts, smallMultiples("latency-over-time", "p99 latency over time, by when requests were sent, one panel per run", "s", "p99 ms", lines))
 	}
+	charts = append(charts, queueCharts(rep.Results)...)
 	var lessonChart template.HTML
 	if len(lesson.labels) > 0 {
 		lessonChart = barChart("Oversold and lost updates per run (should be 0)", "units", lesson, []series{oversold, lost})

@@ -93,8 +93,32 @@ func fixtureReport() Report {
 		r.Topology = "cluster"
 		return r
 	}
+	// A queue run: 202s faster than the consumers settle them for a
+	// while, so a backlog builds and drains.
+	queue := plain("none", "atomic", 1500, 0)
+	queue.Gate, queue.Accept, queue.Status = "redis", "queue", map[string]int{"202": 100, "409": 500}
+	accepted, rejected, lost, pending := 100, 2, 0, 0
+	queue.Accepted, queue.RejectedAfterAccept, queue.LostAccepted, queue.PendingLeft = &accepted, &rejected, &lost, &pending
+	queue.ConfirmMS = &Wait{Count: 100, Mean: 180, P50: 150, P99: 420}
+	backlog := 0
+	for i := range 20 {
+		sl := QueueSlice{AtS: float64(i) * 0.05, StreamLen: -1, RSSMB: -1}
+		if i < 10 {
+			sl.Accepted = 10
+		}
+		sl.Confirmed = min(6, backlog+sl.Accepted)
+		if i == 12 {
+			sl.Rejected, sl.Confirmed = 2, sl.Confirmed-2
+		}
+		backlog += sl.Accepted - sl.Confirmed - sl.Rejected
+		if i%5 == 0 {
+			sl.StreamLen, sl.RSSMB = int64(backlog), 30
+		}
+		queue.QueueTimeline = append(queue.QueueTimeline, sl)
+	}
 	results := []Result{
 		plain("local", "none", 1000, 198),
+		queue,
 		plain("redis", "none", 773, 0),
 		plain("zookeeper", "none", 282, 0),
 		plain("etcd", "version", 252, 0),
@@ -280,6 +304,26 @@ func checkReport(t *testing.T, page browserPage, width int, results []Result, no
 			t.Errorf("claims row %s shows\n %q\nwant\n %q", c.Backend, got, c.Cells)
 		}
 	}
+	// Every queue run: its backlog, accepted and settled over time, shown
+	// once, as wide as the window allows and no wider.
+	for _, r := range results {
+		if r.Accept != "queue" || len(r.QueueTimeline) == 0 {
+			continue
+		}
+		b, ok := page.Backlogs[r.Name()]
+		switch {
+		case !ok:
+			t.Errorf("%s: no backlog chart (accepted and settled over time) at %d px", r.Name(), width)
+			continue
+		case b.Width > b.Window || b.Width < 0.8*min(b.Window-32, chartWidth):
+			t.Errorf("%s: the backlog chart is %.0f px wide in a %.0f px window: not sized to fit", r.Name(), b.Width, b.Window)
+		}
+		for _, want := range []string{"accepted", "settled", "backlog"} {
+			if !slices.Contains(b.Series, want) {
+				t.Errorf("%s: the backlog chart draws %q, not %s", r.Name(), b.Series, want)
+			}
+		}
+	}
 	if notApplicable > 0 {
 		if n := strings.Count(page.Text, "redis-failover on zookeeper"); n != 1 {
 			t.Errorf("the pair that did not apply is named %d times, want once", n)
@@ -303,6 +347,12 @@ type browserPage struct {
 		Legend       bool
 	}
 	Tables []browserTable
+	// Backlogs: each queue run's backlog chart as shown (the one drawn for
+	// the window's width): its width, the window's, and its curves.
+	Backlogs map[string]struct {
+		Width, Window float64
+		Series        []string
+	}
 }
 
 // browserTable is a results table as the page shows it.
@@ -389,7 +439,14 @@ const pageCheck = `(() => {
   for (const tr of document.querySelectorAll('table[data-table="claims"] tbody tr')) {
     claims[tr.getAttribute("data-backend")] = Array.from(tr.querySelectorAll("td"), td => td.textContent);
   }
-  return JSON.stringify({Problems: problems, Text: document.body.innerText, AllText: document.documentElement.textContent, Timelines: timelines, Claims: claims, Charts: charts, Verdicts: verdicts, Tables: tables});
+  const backlogs = {};
+  for (const svg of document.querySelectorAll('svg[data-chart="queue-backlog"]')) {
+    const box = svg.getBoundingClientRect();
+    if (box.width === 0) continue; // the drawing for the other width
+    backlogs[svg.getAttribute("data-run")] = {Width: box.width, Window: vw,
+      Series: Array.from(svg.querySelectorAll("[data-series]"), e => e.getAttribute("data-series"))};
+  }
+  return JSON.stringify({Backlogs: backlogs, Problems: problems, Text: document.body.innerText, AllText: document.documentElement.textContent, Timelines: timelines, Claims: claims, Charts: charts, Verdicts: verdicts, Tables: tables});
 })()`
 
 // checkInBrowser opens file in headless Chromium, width px wide, and runs

@@ -146,6 +146,22 @@ type Result struct {
 	LostAccepted        *int   `json:"lost_accepted,omitempty"`
 	PendingLeft         *int   `json:"pending_left,omitempty"`
 	ConfirmMS           *Wait  `json:"confirm_ms,omitempty"`
+	// AcceptedRPS is 202s per second over DurationS: what a queue run is
+	// compared by (OrdersRPS counts 201s, none here). SettledRPS is the
+	// outcomes MySQL took (confirmed and rejected) per second, from the
+	// first request sent to the last outcome: below AcceptedRPS when the
+	// consumers fell behind.
+	AcceptedRPS float64 `json:"accepted_rps,omitempty"`
+	SettledRPS  float64 `json:"settled_rps,omitempty"`
+	// QueueTimeline is the backlog over time (queue_timeline.go);
+	// StreamLenMax the stream's longest sampled length (XLEN), and
+	// ReplicaRSSStartMB and ReplicaRSSEndMB each replica's resident memory
+	// (VmRSS, MiB) at the first sample, before the load, and the last,
+	// once drained.
+	QueueTimeline     []QueueSlice       `json:"queue_timeline,omitempty"`
+	StreamLenMax      *int64             `json:"stream_len_max,omitempty"`
+	ReplicaRSSStartMB map[string]float64 `json:"replica_rss_start_mb,omitempty"`
+	ReplicaRSSEndMB   map[string]float64 `json:"replica_rss_end_mb,omitempty"`
 }
 
 // Phases is how long each step of a run took, in seconds of wall time.

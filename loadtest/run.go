@@ -383,6 +383,10 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		busNodes = nodes
 	}
 
+	var watch func() []queueSample
+	if spec.Accept == "queue" {
+		watch = rn.watchQueue(ctx, run)
+	}
 	loadStart := time.Now()
 	load := rn.load
 	if spec.Workload == WorkloadReservations {
@@ -400,6 +404,9 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		Progress:  progress,
 	}, res)
 	if err != nil {
+		if watch != nil {
+			watch()
+		}
 		return err
 	}
 	// The balancer goes first: connections it opened and never used would
@@ -410,9 +417,12 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 		if run.Fleet != nil {
 			urls = run.Fleet.URLs()
 		}
-		if err := drainQueue(ctx, rn.DB, urls, atk.Accepted, queueDrainBound, res); err != nil {
+		outcomes, err := drainQueue(ctx, rn.DB, urls, atk.Accepted, queueDrainBound, res)
+		samples := watch()
+		if err != nil {
 			return err
 		}
+		queueTimeline(firstSent(atk.Answers), atk.Accepted, outcomes, samples, res)
 	}
 
 	var leases []LeaseRecord
@@ -630,6 +640,9 @@ func (rn *Runner) load(ctx context.Context, run *Run, fault Fault, spec AttackSp
 	res.ThroughputRPS = round(atk.Throughput)
 	if atk.Duration > 0 {
 		res.OrdersRPS = round(float64(atk.Status["201"]) / atk.Duration.Seconds())
+		if n := atk.Status["202"]; n > 0 {
+			res.AcceptedRPS = round(float64(n) / atk.Duration.Seconds())
+		}
 	}
 	res.LatencyMS, res.OverTime = atk.Latency, atk.OverTime
 	if atk.FirstError != "" {

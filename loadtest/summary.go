@@ -95,6 +95,13 @@ func queueSummary(ran []Result) []string {
 			s += fmt.Sprintf("; each learned its outcome %.0f ms after its 202 at the median, %.0f ms at p99", c.P50, c.P99)
 		}
 		s += fmt.Sprintf("; %d rejected after their 202, %d lost, %d still pending after the drain.", *r.RejectedAfterAccept, *r.LostAccepted, *r.PendingLeft)
+		if r.AcceptedRPS > 0 && r.SettledRPS > 0 {
+			s += fmt.Sprintf(" It accepted %s orders/s and MySQL took their outcomes at %s/s", num(r.AcceptedRPS), num(r.SettledRPS))
+			if r.StreamLenMax != nil {
+				s += fmt.Sprintf("; the stream held at most %d %s", *r.StreamLenMax, plural(int(*r.StreamLenMax), "entry", "entries"))
+			}
+			s += "."
+		}
 		out = append(out, s)
 	}
 	return out

@@ -38,7 +38,7 @@ const SweepMD = "sweep.md"
 
 // IsReference reports whether r is a run of the reference.
 func (r Result) IsReference() bool {
-	return r.Backend == ReferenceBackend && r.Guard == ReferenceGuard && r.Fault == "" && r.Gate == "" && r.Workload == ""
+	return r.Backend == ReferenceBackend && r.Guard == ReferenceGuard && r.Fault == "" && r.Gate == "" && r.Accept == "" && r.Workload == ""
 }
 
 // IsCeiling reports whether r is a ceiling run.
@@ -52,11 +52,17 @@ func ceilingPath(s Spec) string {
 	return ""
 }
 
-// sweepRate is what the sweep compares of a run: orders (201s) per second,
-// or for the ceiling, which orders nothing, answers per second.
+// sweepRate is what the sweep compares of a run: orders (201s) per second;
+// for a queue run, which answers 202 and writes later, orders accepted
+// (202s) per second, what its customers are answered at (how fast MySQL
+// takes their outcomes is SettledRPS, shown beside); for the ceiling,
+// which orders nothing, answers per second.
 func (r Result) sweepRate() float64 {
-	if r.IsCeiling() {
+	switch {
+	case r.IsCeiling():
 		return r.ThroughputRPS
+	case r.Accept == "queue":
+		return r.AcceptedRPS
 	}
 	return r.OrdersRPS
 }
@@ -87,6 +93,10 @@ type Point struct {
 	CeilingRatio float64
 	HasCeiling   bool
 	Unsafe       bool // a run broke an invariant: its figures are not a safe lock's
+	// Queue: the runs answered 202 (accept queue): OrdersRPS is their
+	// 202s per second, SettledRPS the mean of their outcomes per second.
+	Queue      bool
+	SettledRPS float64
 }
 
 // Sweep is a sweep's results arranged as a table: one row per run name,
@@ -103,7 +113,7 @@ type Sweep struct {
 // are left out: the sweep measures cost, not safety under faults.
 func NewSweep(results []Result) Sweep {
 	s := Sweep{Points: map[string]map[Cell]Point{}}
-	type sums struct{ rps, p99 float64 }
+	type sums struct{ rps, p99, settled float64 }
 	acc := map[string]map[Cell]sums{}
 	for _, r := range results {
 		if r.Fault != "" || r.Workload == WorkloadReservations {
@@ -129,7 +139,9 @@ func NewSweep(results []Result) Sweep {
 			p.Ran++
 			a.rps += rps
 			a.p99 += r.LatencyMS.P99
+			a.settled += r.SettledRPS
 			p.Unsafe = p.Unsafe || !r.Safe
+			p.Queue = p.Queue || r.Accept == "queue"
 		}
 		s.Points[name][c], acc[name][c] = p, a
 	}
@@ -138,6 +150,7 @@ func NewSweep(results []Result) Sweep {
 			if p.Ran > 0 {
 				a := acc[name][c]
 				p.OrdersRPS, p.P99 = round(a.rps/float64(p.Ran)), round(a.p99/float64(p.Ran))
+				p.SettledRPS = round(a.settled / float64(p.Ran))
 			}
 			cells[c] = p
 		}
@@ -174,6 +187,8 @@ func (s Sweep) Point(name string, c Cell) (Point, bool) {
 // "!" after a point that broke an invariant: the ratios to the reference
 // and to the ceiling. A point of several runs adds their range,
 // "812 [790–834]", which shows how much the machine drifted in the cell.
+// A queue point's figure is its 202s, and its outcomes per second follow:
+// "2400 accepted (4.10; ceiling 0.62), settled 2300/s".
 func (s Sweep) throughputCell(name string, c Cell) string {
 	p, ok := s.Point(name, c)
 	switch {
@@ -186,6 +201,9 @@ func (s Sweep) throughputCell(name string, c Cell) string {
 	if p.Ran > 1 {
 		out += fmt.Sprintf(" [%.0f–%.0f]", p.Min, p.Max)
 	}
+	if p.Queue {
+		out += " accepted"
+	}
 	var ratios []string
 	if p.HasRatio && name != referenceName {
 		ratios = append(ratios, fmt.Sprintf("%.2f", p.Ratio))
@@ -195,6 +213,9 @@ func (s Sweep) throughputCell(name string, c Cell) string {
 	}
 	if len(ratios) > 0 {
 		out += " (" + strings.Join(ratios, "; ") + ")"
+	}
+	if p.Queue {
+		out += fmt.Sprintf(", settled %.0f/s", p.SettledRPS)
 	}
 	if p.Unsafe {
 		out += " !"
@@ -243,6 +264,14 @@ var HotCell = Cell{Replicas: 3, SKUs: 1}
 // which coalescing orders under one lease makes reachable.
 const GoalRatio = 1.0
 
+// The queue's goals in the hot cell: its 202s per second at least
+// QueueGoalRatio times the reference's 201s, and at least
+// QueueCeilingGoal of the ceiling.
+const (
+	QueueGoalRatio   = 5.0
+	QueueCeilingGoal = 0.5
+)
+
 // writeGoal says, for the hot cell, each backend's ratio to the reference
 // and to the ceiling, and whether redis meets GoalRatio.
 func (s Sweep) writeGoal(w io.Writer) {
@@ -284,13 +313,31 @@ func (s Sweep) writeGoal(w io.Writer) {
 		}
 		fmt.Fprintf(w, "Goal %s >= %.2f of %s: %.2f, %s.\n", name, GoalRatio, referenceName, p.Ratio, verdict)
 	}
+	for _, name := range s.Names {
+		p, ok := s.Point(name, HotCell)
+		if !ok || !p.Queue {
+			continue
+		}
+		goal := func(got float64, has bool, want float64) string {
+			switch {
+			case !has:
+				return "not measured"
+			case got < want:
+				return fmt.Sprintf("%.2f, missed by %.2f", got, want-got)
+			}
+			return fmt.Sprintf("%.2f, met", got)
+		}
+		fmt.Fprintf(w, "Goal %s accepted >= %.0fx %s's orders: %s; >= %.1fx the ceiling: %s (settled %.0f/s).\n",
+			name, QueueGoalRatio, referenceName, goal(p.Ratio, p.HasRatio, QueueGoalRatio),
+			QueueCeilingGoal, goal(p.CeilingRatio, p.HasCeiling, QueueCeilingGoal), p.SettledRPS)
+	}
 }
 
 // WriteSweepTables writes the throughput and p99 tables and the goal, in
 // Markdown: what the lab prints on stderr after a sweep.
 func WriteSweepTables(w io.Writer, results []Result) {
 	s := NewSweep(results)
-	fmt.Fprintf(w, "Orders per second (201s only; the ceiling's answers), and in brackets the ratio to %s and to the ceiling in the same cell:\n\n", referenceName)
+	fmt.Fprintf(w, "Orders per second (201s only; a +queue run's 202s, then its outcomes per second; the ceiling's answers), and in brackets the ratio to %s and to the ceiling in the same cell:\n\n", referenceName)
 	s.writeMatrix(w, s.throughputCell)
 	fmt.Fprintf(w, "\nClient p99 latency, ms:\n\n")
 	s.writeMatrix(w, s.p99Cell)
@@ -328,7 +375,7 @@ func WriteSweep(w io.Writer, rep Report) {
 	for i, r := range rep.Results {
 		ratio := func(to string) string {
 			if top, ok := s.Point(to, Cell{r.Replicas, r.SKUs}); ok && top.OrdersRPS > 0 && r.Error == "" && !r.IsCeiling() {
-				return fmt.Sprintf("%.2f", r.OrdersRPS/top.OrdersRPS)
+				return fmt.Sprintf("%.2f", r.sweepRate()/top.OrdersRPS)
 			}
 			return "-"
 		}
@@ -372,6 +419,7 @@ func WriteSweepFile(dir string, rep Report) error {
 const SweepRate = 100000
 
 const sweepDefinitions = `How to read it: *orders/s* = orders answered 201 per second, from the first request sent to the last answer; the stock per SKU covers every request, so no run sells out and every answer is an order unless something failed. ` +
+	`A *+queue* run answers 202 once the gate took the stock and the order is on the stream, and writes MySQL later: its figure is orders *accepted* (202s) per second over the same span, what its customers are answered at, with its ratios; *settled* beside it is the outcomes MySQL took (confirmed or rejected) per second, from the first request sent to the last outcome: below the accepted rate when the consumers fell behind. ` +
 	`The *ratio* is a configuration's orders/s over the reference's (lock none, guard atomic: one conditional UPDATE, no lock) in the same cell: what the lock costs end to end, all else equal. ` +
 	`The *ceiling* is GET /healthz unpaced through the same balancer and replicas (no stock, no MySQL, no lock): its answers per second are the most this box serves over HTTP at all, and a configuration's *ceiling ratio* is its orders/s over them. ` +
 	`Lock runs use guard none unless --guards says otherwise, so the figure is the lock's own cost, with no guard's retries in it; with no work delay the critical section is only the flow's own round trips (cache read, transaction, cache write), so the ratio is a pure cost comparison and would rise towards 1 as business logic inside the lock grew. ` +

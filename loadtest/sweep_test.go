@@ -140,6 +140,42 @@ func TestSweepTables(t *testing.T) {
 	}
 }
 
+// TestSweepQueue: a queue run is measured by its 202s per second (it
+// answers no 201), its ratios to the reference's 201s and to the ceiling,
+// its outcomes per second beside, and the queue's goals.
+func TestSweepQueue(t *testing.T) {
+	queue := sweepRun("none", "atomic", 3, 1, 0, 150)
+	queue.Gate, queue.Accept, queue.AcceptedRPS, queue.SettledRPS = "redis", "queue", 2700, 2500
+	queue.Status = map[string]int{"202": 400}
+	gated := sweepRun("none", "atomic", 3, 1, 950, 110)
+	gated.Gate = "redis"
+	results := []Result{sweepRun("none", "atomic", 3, 1, 500, 100), ceilingRun(3, 1, 5000), gated, queue, sweepRun("none", "atomic", 3, 1, 500, 100)}
+	s := NewSweep(results)
+	if p, _ := s.Point("none/atomic", HotCell); p.OrdersRPS != 500 || p.Runs != 2 {
+		t.Errorf("reference %+v: want its two runs, 500/s (the gated and queue runs are not the reference)", p)
+	}
+	p, ok := s.Point("none/atomic+gate+queue", HotCell)
+	if !ok || p.OrdersRPS != 2700 || p.Ratio != 5.4 || p.CeilingRatio != 0.54 || !p.Queue || p.SettledRPS != 2500 {
+		t.Errorf("queue point %+v: want 2700 accepted/s, ratios 5.4 and 0.54, settled 2500/s", p)
+	}
+	var b strings.Builder
+	WriteSweepTables(&b, results)
+	for _, want := range []string{
+		"| none/atomic+gate+queue | 2700 accepted (5.40; ceiling 0.54), settled 2500/s |\n",
+		"| none/atomic+gate | 950 (1.90; ceiling 0.19) |\n",
+		"Goal none/atomic+gate+queue accepted >= 5x none/atomic's orders: 5.40, met; >= 0.5x the ceiling: 0.54, met (settled 2500/s).\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("tables lack %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	WriteSweep(&b, Report{Results: results, Command: "lab --sweep", Started: time.Unix(0, 0).UTC()})
+	if want := "| 4 | none/atomic+gate+queue | 3 | 1 | 2700 | 5.40 | 0.54 |"; !strings.Contains(b.String(), want) {
+		t.Errorf("sweep.md lacks %q:\n%s", want, b.String())
+	}
+}
+
 // TestSweepFile: sweep.md names the settings and lists every run with its
 // ratios to its cell's reference and ceiling.
 func TestSweepFile(t *testing.T) {

@@ -22,3 +22,7 @@ func Draining(s *Service, sku string) bool {
 
 // GateBound is how long a take is left to its flow before the back-check.
 func GateBound(s *Service) time.Duration { return s.gateBound() }
+
+// Work is how long the business logic of a batch of n orders takes on s,
+// under a lock or without.
+func Work(s *Service, locked bool, n int) time.Duration { return s.work(locked, n) }

@@ -353,3 +353,22 @@ func TestQueueRejected(t *testing.T) {
 		t.Fatalf("audit %+v, want nothing written", a)
 	}
 }
+
+// TestBatchWork: a batch's business logic (OVERSOLD_WORK_DELAY per order)
+// takes n work delays inside a lock's critical section, where its orders
+// wait for each other, and one without a lock, where nothing makes them
+// (a queued batch under lock none): a lock-free consumer is not slowed by
+// a wait no lock asks for.
+func TestBatchWork(t *testing.T) {
+	const d = 2 * time.Millisecond
+	s := order.New(nil, nil, nil, order.Config{WorkDelay: d})
+	for _, c := range []struct {
+		locked bool
+		n      int
+		want   time.Duration
+	}{{true, 1, d}, {true, 64, 64 * d}, {false, 1, d}, {false, 64, d}} {
+		if got := order.Work(s, c.locked, c.n); got != c.want {
+			t.Errorf("work of %d orders, locked %v: %v, want %v", c.n, c.locked, got, c.want)
+		}
+	}
+}

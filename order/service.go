@@ -54,7 +54,8 @@ type Config struct {
 	// LockWait is the longest wait for the lock (0 = DefaultLockWait).
 	LockWait time.Duration
 	// WorkDelay is simulated business logic inside the critical section,
-	// per order (a batch of n orders works n times as long).
+	// per order (a batch of n orders under a lock works n times as long;
+	// without a lock its orders work side by side: see Service.work).
 	WorkDelay time.Duration
 	// BatchMax is the most orders of one SKU sold under one lease and in
 	// one transaction (0 = DefaultBatchMax; 1 = no coalescing).
@@ -419,12 +420,25 @@ func (s *Service) readStock(ctx context.Context, sku string, lease locking.Lease
 	return item, nil
 }
 
+// work is how long the business logic of a batch of n orders takes (step
+// 5). Inside a lease's critical section the orders work one after another:
+// n times WorkDelay. Without a lock nothing makes them wait for each other
+// (a queued batch under lock none; a synchronous order is a batch of one),
+// so they work side by side, as the synchronous lock-free orders do, each
+// in its own request: one WorkDelay. Only their write is shared.
+func (s *Service) work(locked bool, n int) time.Duration {
+	if !locked {
+		return s.cfg.WorkDelay
+	}
+	return time.Duration(n) * s.cfg.WorkDelay
+}
+
 // readyToWrite is step 5 and the checks before the write: the business
 // logic of n orders, the lease not known lost, the batch's bound not past,
 // and the cache entry gone where the guard builds on it.
 func (s *Service) readyToWrite(ctx context.Context, sku string, lease locking.Lease, n int) error {
-	// 5. business logic inside the critical section: each order's own.
-	if err := clock.Sleep(ctx, time.Duration(n)*s.cfg.WorkDelay); err != nil {
+	// 5. business logic: each order's own.
+	if err := clock.Sleep(ctx, s.work(lease != nil, n)); err != nil {
 		return err
 	}
 

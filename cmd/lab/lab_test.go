@@ -164,4 +164,17 @@ func TestLabQueue(t *testing.T) {
 		t.Errorf("%s: %s, 202s %d, accepted %d, rejected %d, lost %d, pending %d, sold %d, final %d, confirmed %d; want the stock sold through 20 202s, each confirmed",
 			r.Name(), r.Verdict(), r.Status["202"], *r.Accepted, *r.RejectedAfterAccept, *r.LostAccepted, *r.PendingLeft, r.OrderedQuantity, r.FinalStock, r.ConfirmMS.Count)
 	}
+	// The backlog over time: every 202 and every outcome in a slice, the
+	// stream and each replica's memory sampled, the rates.
+	accepted, settled := 0, 0
+	for _, s := range r.QueueTimeline {
+		accepted, settled = accepted+s.Accepted, settled+s.Confirmed+s.Rejected
+	}
+	if accepted != 20 || settled != 20 {
+		t.Errorf("timeline %+v: %d accepted, %d settled; want 20 and 20", r.QueueTimeline, accepted, settled)
+	}
+	if r.StreamLenMax == nil || len(r.ReplicaRSSStartMB) != 3 || len(r.ReplicaRSSEndMB) != 3 || r.AcceptedRPS <= 0 || r.SettledRPS <= 0 {
+		t.Errorf("stream_len_max %v, rss start %v end %v, accepted/s %v, settled/s %v: want the stream and the 3 replicas sampled, and both rates",
+			r.StreamLenMax, r.ReplicaRSSStartMB, r.ReplicaRSSEndMB, r.AcceptedRPS, r.SettledRPS)
+	}
 }

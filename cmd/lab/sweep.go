@@ -21,7 +21,9 @@ const sweepHelp = `measure what each lock costs end to end: every backend (or --
 guard none (or --guards), at replicas 1,2,3,4 and SKUs 1,4,16 (or the lists
 --replicas and --skus give), each cell also running the reference, lock none
 with guard atomic, first and last, and the HTTP ceiling, GET /healthz unpaced
-through the same balancer and replicas. Unless given: --requests 1000, --stock = --requests
+through the same balancer and replicas. --gates and --accept cross as in a
+plain lab (a queue run needs the gate); a +queue run is measured by its 202s
+per second, its outcomes per second beside. Unless given: --requests 1000, --stock = --requests
 (no run sells out: every answer is an order), --rate 100000 (unpaced: the
 workers are the limit), --work-delay 0 (a pure cost comparison). --repeat N
 runs each cell's round N times. Writes sweep.md to --out and prints its tables`
@@ -139,9 +141,9 @@ func (c *config) checkSweep(given map[string]bool) error {
 // repeats of one configuration are spread over the cell, not back to back.
 func (c config) sweepSpecs() []loadtest.Spec {
 	var specs []loadtest.Spec
-	add := func(backend, guard, gate string, replicas, skus int, seed int64) *loadtest.Spec {
+	add := func(backend, guard, gate, accept string, replicas, skus int, seed int64) *loadtest.Spec {
 		specs = append(specs, loadtest.Spec{
-			Backend: backend, Guard: guard, Gate: gate, Replicas: replicas,
+			Backend: backend, Guard: guard, Gate: gate, Accept: accept, Replicas: replicas,
 			Stock: c.stock, SKUs: skus, Requests: c.requests, Rate: c.rate, Workers: c.workers,
 			WorkDelay: c.workDelay, LockTTL: c.lockTTL, Seed: seed, Topology: c.specTopology(),
 		})
@@ -151,19 +153,28 @@ func (c config) sweepSpecs() []loadtest.Spec {
 		for _, k := range c.sweep.skus {
 			for i := range max(c.repeat, 1) {
 				seed := c.seed + int64(i)
-				add(loadtest.ReferenceBackend, loadtest.ReferenceGuard, "", r, k, seed)
+				add(loadtest.ReferenceBackend, loadtest.ReferenceGuard, "", "", r, k, seed)
 				// The replicas need a lock and guard to start; /healthz uses neither.
-				add("none", "none", "", r, k, seed).Workload = loadtest.WorkloadCeiling
+				add("none", "none", "", "", r, k, seed).Workload = loadtest.WorkloadCeiling
 				for _, b := range c.backends {
 					for _, g := range c.guards {
 						for _, gate := range c.gateList() {
-							if b != loadtest.ReferenceBackend || g != loadtest.ReferenceGuard || gate != "" {
-								add(b, g, gate, r, k, seed)
+							for _, accept := range c.acceptList() {
+								gate := gate
+								switch {
+								case accept == "queue" && gate == "" && c.gates != nil:
+									continue // --gates none: the queue needs the gate
+								case accept == "queue" && gate == "":
+									gate = "redis" // no --gates: the queue takes it
+								case b == loadtest.ReferenceBackend && g == loadtest.ReferenceGuard && gate == "" && accept == "":
+									continue // the reference, first and last
+								}
+								add(b, g, gate, accept, r, k, seed)
 							}
 						}
 					}
 				}
-				add(loadtest.ReferenceBackend, loadtest.ReferenceGuard, "", r, k, seed)
+				add(loadtest.ReferenceBackend, loadtest.ReferenceGuard, "", "", r, k, seed)
 			}
 		}
 	}

@@ -93,6 +93,42 @@ func TestSweepFlags(t *testing.T) {
 			t.Error("a gated none/atomic run counts as the reference")
 		}
 	})
+	t.Run("accept", func(t *testing.T) {
+		// The queue's cell: the ceiling, the reference, the gate alone and
+		// the queue on it; no queue without the gate.
+		c, err := parseFlags([]string{"--sweep", "--backends", "none", "--guards", "atomic", "--gates", "none,redis",
+			"--accept", "sync,queue", "--replicas", "3", "--skus", "1"}, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, s := range c.specs() {
+			names = append(names, s.Name())
+			if s.Accept == "queue" && s.Gate != "redis" {
+				t.Errorf("%s: a queue run without the gate", s.Name())
+			}
+		}
+		want := []string{"none/atomic", "ceiling", "none/atomic+gate", "none/atomic+gate+queue", "none/atomic"}
+		if !slices.Equal(names, want) {
+			t.Errorf("runs %v, want %v", names, want)
+		}
+		// --accept queue alone: the queue takes the gate.
+		c, err = parseFlags([]string{"--sweep", "--backends", "none", "--guards", "atomic", "--accept", "queue",
+			"--replicas", "3", "--skus", "1"}, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = nil
+		for _, s := range c.specs() {
+			names = append(names, s.Name())
+		}
+		if want := []string{"none/atomic", "ceiling", "none/atomic+gate+queue", "none/atomic"}; !slices.Equal(names, want) {
+			t.Errorf("runs %v, want %v", names, want)
+		}
+		if (loadtest.Result{Backend: "none", Guard: "atomic", Accept: "queue"}).IsReference() {
+			t.Error("a queue run counts as the reference")
+		}
+	})
 	t.Run("plain runs take one value", func(t *testing.T) {
 		c, err := parseFlags([]string{"--replicas", "2", "--skus", "4"}, &bytes.Buffer{})
 		if err != nil || c.replicas != 2 || c.skus != 4 || c.sweep.on {

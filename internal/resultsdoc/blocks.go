@@ -131,12 +131,18 @@ func mean(runs []Run, f func(Run) float64) float64 {
 	return sum / float64(len(runs))
 }
 
-// hot is the sweep's runs of one configuration on its hot-SKU cell.
+// hot is the sweep's runs of one configuration on its hot-SKU cell: orders
+// answered 201 with no gate, not the ceiling's GETs nor a gated or queued
+// run of the same lock and guard, which a sweep crossing --gates and
+// --accept holds too.
 func hot(ev Evidence, backend, guard string) []Run {
 	return filter(ev.Sweep, func(r Run) bool {
-		return r.Backend == backend && r.Guard == guard && r.SKUs == 1 && r.Error == ""
+		return r.Backend == backend && r.Guard == guard && r.SKUs == 1 && r.Error == "" && plainSweepRun(r)
 	})
 }
+
+// plainSweepRun: a sweep run of a lock and guard alone.
+func plainSweepRun(r Run) bool { return r.Gate == "" && r.Accept == "" && r.Workload == "" }
 
 func headline(ev Evidence) string {
 	def := orders(ev.Default)
@@ -461,7 +467,7 @@ func sweepTable(ev Evidence) string {
 	var keys []key
 	for _, r := range ev.Sweep {
 		k := key{r.Backend, r.Guard}
-		if r.SKUs == 1 && !slices.Contains(keys, k) {
+		if r.SKUs == 1 && plainSweepRun(r) && !slices.Contains(keys, k) {
 			keys = append(keys, k)
 		}
 	}

@@ -170,3 +170,21 @@ func TestParseHeader(t *testing.T) {
 		t.Errorf("got %+v, want %+v", lab, want)
 	}
 }
+
+// TestSweepTableOfPlainRuns: a sweep that crossed --gates and --accept, and
+// its ceiling, leaves the sweep's table of locks and guards as it was: a
+// gated or queued none/atomic is not the reference, the ceiling no row.
+func TestSweepTableOfPlainRuns(t *testing.T) {
+	ev := fixture(t)
+	want := Blocks(ev)["sweep"]
+	for _, r := range []Run{
+		{Backend: "none", Guard: "atomic", Gate: "redis", SKUs: 1, OrdersRPS: 99999},
+		{Backend: "none", Guard: "atomic", Gate: "redis", Accept: "queue", SKUs: 1, OrdersRPS: 0, ThroughputRPS: 99999},
+		{Backend: "none", Guard: "none", Workload: "ceiling", SKUs: 1, ThroughputRPS: 99999},
+	} {
+		ev.Sweep = append(ev.Sweep, r)
+	}
+	if got := Blocks(ev)["sweep"]; got != want {
+		t.Errorf("the sweep's table changed with gated, queued and ceiling runs:\n%s\nwant\n%s", got, want)
+	}
+}
