@@ -79,12 +79,18 @@ func TestBlocksFromFixture(t *testing.T) {
 		{"faults", "| redis-failover | none | 0/1 safe, 1 lost upd, **2 oversold** | n/a |"},
 		{"lab-time", "`make lab` took 1m30s"},
 		{"labs", "Machine: Test CPU, 2 cores, Debian."},
-		{"sweep", "| redis/version | 2 | 2100 | 2000–2200 | 2.62 | 10 | 80 | 1 | 57 | 0 |"},
+		// Over none/atomic's mean 800, and over the mean of the sweep's own
+		// ceiling runs, (4000+6000)/2 = 5000 answers/s.
+		{"sweep", "| redis/version | 2 | 2100 | 2000–2200 | 2.62 | 0.42 | 10 | 80 | 1 | 57 | 0 |"},
+		{"sweep", "| none/atomic | 2 | 800 | 700–900 | 1.00 | 0.16 |"},
 		{"default", "| redis/none | 0 | 0 | yes |"},
 	} {
 		if !strings.Contains(blocks[c.block], c.want) {
 			t.Errorf("block %s lacks %q:\n%s", c.block, c.want, blocks[c.block])
 		}
+	}
+	if strings.Contains(blocks["sweep"], "| none/none |") {
+		t.Errorf("the ceiling's runs (GET /healthz) made a row of the sweep's table:\n%s", blocks["sweep"])
 	}
 	if strings.Contains(blocks["faults"], "redis-failover | fencing | 1/1 safe | n/a") == false {
 		t.Errorf("a fault that does not apply (etcd, redis-failover) must be n/a:\n%s", blocks["faults"])
