@@ -243,8 +243,14 @@ var HotCell = Cell{Replicas: 3, SKUs: 1}
 // which coalescing orders under one lease makes reachable.
 const GoalRatio = 1.0
 
+// CoalescingGoal: every shared lock (not none, not local), coalescing the
+// orders that queue for it, at least this ratio to the reference in the
+// hot cell.
+const CoalescingGoal = 2.0
+
 // writeGoal says, for the hot cell, each backend's ratio to the reference
-// and to the ceiling, and whether redis meets GoalRatio.
+// and to the ceiling, whether redis meets GoalRatio, and which shared
+// locks meet CoalescingGoal.
 func (s Sweep) writeGoal(w io.Writer) {
 	_, ref := s.Point(referenceName, HotCell)
 	_, top := s.Point(CeilingName, HotCell)
@@ -283,6 +289,24 @@ func (s Sweep) writeGoal(w io.Writer) {
 			verdict = fmt.Sprintf("missed by %.2f", GoalRatio-p.Ratio)
 		}
 		fmt.Fprintf(w, "Goal %s >= %.2f of %s: %.2f, %s.\n", name, GoalRatio, referenceName, p.Ratio, verdict)
+	}
+	var locks []string
+	for _, name := range s.Names {
+		p, ok := s.Point(name, HotCell)
+		if backend, _, _ := strings.Cut(name, "/"); !ok || name == CeilingName || backend == ReferenceBackend || backend == "local" {
+			continue
+		}
+		switch {
+		case !p.HasRatio:
+			locks = append(locks, name+" not measured")
+		case p.Ratio >= CoalescingGoal:
+			locks = append(locks, fmt.Sprintf("%s %.2f, met", name, p.Ratio))
+		default:
+			locks = append(locks, fmt.Sprintf("%s %.2f, missed by %.2f", name, p.Ratio, CoalescingGoal-p.Ratio))
+		}
+	}
+	if len(locks) > 0 {
+		fmt.Fprintf(w, "Goal every shared lock >= %.2f of %s (coalescing): %s.\n", CoalescingGoal, referenceName, strings.Join(locks, "; "))
 	}
 }
 
