@@ -272,8 +272,14 @@ const (
 	QueueCeilingGoal = 0.5
 )
 
+// CoalescingGoal: every shared lock (not none, not local), coalescing the
+// orders that queue for it, at least this ratio to the reference in the
+// hot cell.
+const CoalescingGoal = 2.0
+
 // writeGoal says, for the hot cell, each backend's ratio to the reference
-// and to the ceiling, and whether redis meets GoalRatio.
+// and to the ceiling, whether redis meets GoalRatio, and which shared
+// locks meet CoalescingGoal.
 func (s Sweep) writeGoal(w io.Writer) {
 	_, ref := s.Point(referenceName, HotCell)
 	_, top := s.Point(CeilingName, HotCell)
@@ -330,6 +336,24 @@ func (s Sweep) writeGoal(w io.Writer) {
 		fmt.Fprintf(w, "Goal %s accepted >= %.0fx %s's orders: %s; >= %.1fx the ceiling: %s (settled %.0f/s).\n",
 			name, QueueGoalRatio, referenceName, goal(p.Ratio, p.HasRatio, QueueGoalRatio),
 			QueueCeilingGoal, goal(p.CeilingRatio, p.HasCeiling, QueueCeilingGoal), p.SettledRPS)
+	}
+	var locks []string
+	for _, name := range s.Names {
+		p, ok := s.Point(name, HotCell)
+		if backend, _, _ := strings.Cut(name, "/"); !ok || name == CeilingName || backend == ReferenceBackend || backend == "local" || strings.Contains(name, "+") {
+			continue
+		}
+		switch {
+		case !p.HasRatio:
+			locks = append(locks, name+" not measured")
+		case p.Ratio >= CoalescingGoal:
+			locks = append(locks, fmt.Sprintf("%s %.2f, met", name, p.Ratio))
+		default:
+			locks = append(locks, fmt.Sprintf("%s %.2f, missed by %.2f", name, p.Ratio, CoalescingGoal-p.Ratio))
+		}
+	}
+	if len(locks) > 0 {
+		fmt.Fprintf(w, "Goal every shared lock >= %.2f of %s (coalescing): %s.\n", CoalescingGoal, referenceName, strings.Join(locks, "; "))
 	}
 }
 

@@ -124,6 +124,8 @@ func TestSweepTables(t *testing.T) {
 		"ratio to none/atomic: redis/none 0.50; local/none 1.33;\n",
 		"ratio to the ceiling: none/atomic 0.30; redis/none 0.15; local/none 0.40;\n",
 		"Goal redis/none >= 1.00 of none/atomic: 0.50, missed by 0.50.\n",
+		// local is no shared lock; a lock that failed is not measured.
+		"Goal every shared lock >= 2.00 of none/atomic (coalescing): redis/none 0.50, missed by 1.50; etcd/none not measured.\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("tables lack %q:\n%s", want, out)
@@ -136,6 +138,13 @@ func TestSweepTables(t *testing.T) {
 	b.Reset()
 	WriteSweepTables(&b, results)
 	if want := "Goal redis/none >= 1.00 of none/atomic: 0.44, missed by 0.56.\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("tables lack %q:\n%s", want, b.String())
+	}
+	// At the coalescing goal, met.
+	results[2].OrdersRPS = 1800 // 2.00 of 900
+	b.Reset()
+	WriteSweepTables(&b, results)
+	if want := "(coalescing): redis/none 2.00, met; etcd/none not measured.\n"; !strings.Contains(b.String(), want) {
 		t.Errorf("tables lack %q:\n%s", want, b.String())
 	}
 }

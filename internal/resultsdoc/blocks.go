@@ -144,6 +144,14 @@ func hot(ev Evidence, backend, guard string) []Run {
 // plainSweepRun: a sweep run of a lock and guard alone.
 func plainSweepRun(r Run) bool { return r.Gate == "" && r.Accept == "" && r.Workload == "" }
 
+// sweepCeiling is the mean answers per second of the sweep's ceiling runs
+// on its hot-SKU cell (GET /healthz through the same balancer and
+// replicas), 0 if it ran none.
+func sweepCeiling(ev Evidence) float64 {
+	runs := filter(ev.Sweep, func(r Run) bool { return r.Workload == "ceiling" && r.SKUs == 1 && r.Error == "" })
+	return mean(runs, func(r Run) float64 { return r.ThroughputRPS })
+}
+
 func headline(ev Evidence) string {
 	def := orders(ev.Default)
 	var b strings.Builder
@@ -217,7 +225,7 @@ func choose(ev Evidence) string {
 	fmt.Fprintf(&b, "\n*Under the fault runs*: runs where every invariant held, %s seeded runs per fault, "+
 		"of the faults that apply to that lock ([matrix](docs/results.md#faults)).\n",
 		repeats(ev.Faults, func(r Run) string { return r.Name() + " " + r.Fault }))
-	swept := filter(ev.Sweep, func(r Run) bool { return r.SKUs == 1 && r.Error == "" })
+	swept := filter(ev.Sweep, func(r Run) bool { return r.SKUs == 1 && r.Error == "" && r.Workload == "" })
 	if len(swept) > 0 {
 		r := swept[0]
 		n := repeats(filter(swept, func(r Run) bool { return r.Name() != "none/atomic" }), Run.Name)
@@ -477,18 +485,21 @@ func sweepTable(ev Evidence) string {
 		}
 		return orderOf(guardOrder, a.guard) - orderOf(guardOrder, b.guard)
 	})
-	ceiling := mean(hot(ev, "none", "atomic"), func(r Run) float64 { return r.OrdersRPS })
+	ref := mean(hot(ev, "none", "atomic"), func(r Run) float64 { return r.OrdersRPS })
+	top := sweepCeiling(ev)
+	ratio := func(o, to float64) string {
+		if to > 0 {
+			return fmt.Sprintf("%.2f", o/to)
+		}
+		return "-"
+	}
 	var b strings.Builder
-	b.WriteString("| run | runs | orders/s | min–max | ratio to none/atomic | p50 ms | p99 ms | refused writes | transactions | lost updates |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| run | runs | orders/s | min–max | ratio to none/atomic | ratio to the ceiling | p50 ms | p99 ms | refused writes | transactions | lost updates |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, k := range keys {
 		runs := hot(ev, k.backend, k.guard)
 		o := mean(runs, func(r Run) float64 { return r.OrdersRPS })
-		ratio := "-"
-		if ceiling > 0 {
-			ratio = fmt.Sprintf("%.2f", o/ceiling)
-		}
 		lo, hi := spread(runs)
-		fmt.Fprintf(&b, "| %s/%s | %d | %.0f | %.0f–%.0f | %s | %.0f | %.0f | %.0f | %.0f | %d |\n", k.backend, k.guard, len(runs), o, lo, hi, ratio,
+		fmt.Fprintf(&b, "| %s/%s | %d | %.0f | %.0f–%.0f | %s | %s | %.0f | %.0f | %.0f | %.0f | %d |\n", k.backend, k.guard, len(runs), o, lo, hi, ratio(o, ref), ratio(o, top),
 			mean(runs, func(r Run) float64 { return r.LatencyMS.P50 }),
 			mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }),
 			mean(runs, func(r Run) float64 { return float64(r.Conflicts) }),
