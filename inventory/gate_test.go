@@ -153,6 +153,14 @@ func TestGateKeys(t *testing.T) {
 	if err := g2.Take(ctx, "t", "e", time.Now(), inventory.TakeKey{Key: "x"}, lines); !errors.Is(err, inventory.ErrCheck) {
 		t.Fatalf("incomplete set: %v, want ErrCheck", err)
 	}
+	// The queue looks a new key up first while the set is incomplete, in
+	// stock or not: nothing after its accept would.
+	if err := g2.Reset(ctx, "S", 5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g2.Queue().Accept(ctx, inventory.Queued{ID: "o0", SKU: "S", Quantity: 1, Key: "x"}, false); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("accept under a new key, incomplete set: %v, want ErrCheck", err)
+	}
 
 	// A hold's key naming a queued order.
 	q := g.Queue()

@@ -10,7 +10,8 @@
 -- Returns {0}: accepted; {1, id}: the key names order id already (nothing
 -- taken); {2, i}: line i has no counter; {3, i}: line i is short; {4}: the
 -- key is known to the gate (look it up in MySQL, then accept again with
--- ARGV[4] '1'); {5, i}: line i is short and the key may be in MySQL.
+-- ARGV[4] '1'); {5, 1}: the key may be in MySQL (the key set is not
+-- complete): look it up first.
 local unchecked = ARGV[3] ~= '' and ARGV[4] == '0'
 if ARGV[3] ~= '' then
   local prev = redis.call('GET', KEYS[3])
@@ -22,14 +23,17 @@ if ARGV[3] ~= '' then
   end
 end
 for i = 6, #KEYS do
-  local stock = redis.call('HGET', KEYS[i], 'stock')
-  if not stock then
+  if redis.call('EXISTS', KEYS[i]) == 0 then
     return {2, i - 5}
   end
-  if tonumber(stock) < tonumber(ARGV[i - 1]) then
-    if unchecked and redis.call('GET', KEYS[5]) ~= '1' then
-      return {5, i - 5}
-    end
+end
+-- Unlike a sync order's flow, nothing after the accept looks for the key
+-- before the answer: with an incomplete set, it is looked up first.
+if unchecked and redis.call('GET', KEYS[5]) ~= '1' then
+  return {5, 1}
+end
+for i = 6, #KEYS do
+  if tonumber(redis.call('HGET', KEYS[i], 'stock')) < tonumber(ARGV[i - 1]) then
     return {3, i - 5}
   end
 end

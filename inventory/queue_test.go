@@ -32,7 +32,7 @@ func TestQueueAcceptAndSettleOnce(t *testing.T) {
 	if err := g.Seed(ctx, "S", 3); err != nil {
 		t.Fatal(err)
 	}
-	if prev, err := q.Accept(ctx, o, false); err != nil || prev != "" {
+	if prev, err := q.Accept(ctx, o, true); err != nil || prev != "" {
 		t.Fatalf("accept: %q %v", prev, err)
 	}
 	if prev, err := q.Accept(ctx, inventory.Queued{ID: "o2", SKU: "S", Quantity: 1, Key: "k"}, false); err != nil || prev != "o1" {

@@ -193,3 +193,29 @@ func TestGateSameKeyAtSellOut(t *testing.T) {
 	}
 	f.wantSettled(sku)
 }
+
+// With the accept queue too, a sold-out order under a new key costs no
+// MySQL command, and a replay of a queued order is still its order.
+func TestQueueSoldOutKeyedCostsNoMySQL(t *testing.T) {
+	f := newFixture(t)
+	const sku = "queue-keys"
+	f.stock(sku, 1)
+	g := f.gate()
+	var commands atomic.Int64
+	// Not started: it accepts, and nothing consumes the queue.
+	svc := f.serviceWith(f.countedStore(&commands), nil, nil, order.Config{Guard: storage.GuardAtomic, Gate: g, Queue: g.Queue()})
+	h := svc.Handler()
+	rec := post(h, sku, 1, "Idempotency-Key", "q1")
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("queued order: %d %s", rec.Code, rec.Body)
+	}
+	id := decodeOrder(t, rec).ID
+	commands.Store(0)
+	wantCode(t, post(h, sku, 1, "Idempotency-Key", "q2"), http.StatusConflict, "out_of_stock")
+	if n := commands.Load(); n != 0 {
+		t.Fatalf("a sold-out order under a new key sent %d MySQL commands, want 0", n)
+	}
+	if rec := post(h, sku, 1, "Idempotency-Key", "q1"); rec.Code != http.StatusOK || decodeOrder(t, rec).ID != id {
+		t.Fatalf("replay of the queued order: %d %s, want 200 with order %s", rec.Code, rec.Body, id)
+	}
+}
