@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -112,6 +113,7 @@ func (g *Gate) due() string               { return g.prefix + "due" }
 func (g *Gate) skus() string              { return g.prefix + "skus" }
 func (g *Gate) keySet() string            { return g.prefix + "keys" }
 func (g *Gate) keysComplete() string      { return g.prefix + "keys:complete" }
+func (g *Gate) keysOrigin() string        { return g.prefix + "keys:origin" }
 
 func (g *Gate) keys(lines []Line) []string {
 	keys := []string{g.pending(), g.due()}
@@ -239,7 +241,11 @@ const keysChunk = 1000
 // lost its data meanwhile keeps none of it: load's read may miss a key
 // whose marker was lost. It reports whether the set is complete.
 func (g *Gate) CompleteKeys(ctx context.Context, load func(context.Context) (keys []string, ok bool, err error)) (bool, error) {
-	ks := []string{g.keySet(), g.keysComplete()}
+	ks := []string{g.keySet(), g.keysComplete(), g.keysOrigin()}
+	runID, err := g.runID(ctx)
+	if err != nil {
+		return false, err
+	}
 	token, err := gateKeys.Run(ctx, g.rdb, ks, "begin", strconv.FormatInt(time.Now().UnixNano(), 36)).Text()
 	if err != nil || token == "1" {
 		return err == nil, err
@@ -254,7 +260,7 @@ func (g *Gate) CompleteKeys(ctx context.Context, load func(context.Context) (key
 		if done = n == len(keys); done {
 			mode = "done"
 		}
-		args := []any{mode, token}
+		args := []any{mode, token, runID}
 		for _, k := range keys[:n] {
 			args = append(args, k)
 		}
@@ -265,6 +271,46 @@ func (g *Gate) CompleteKeys(ctx context.Context, load func(context.Context) (key
 		}
 	}
 	return true, nil
+}
+
+// CheckKeys marks the key set incomplete if it was completed on another
+// Redis process than the one now serving it: a restart from persistence
+// or a promoted replica may have lost the latest keys with the latest
+// writes, and kept the flag. It reports whether it did. The sweeper runs
+// it every pass.
+func (g *Gate) CheckKeys(ctx context.Context) (bool, error) {
+	runID, err := g.runID(ctx)
+	if err != nil {
+		return false, err
+	}
+	ks := []string{g.keySet(), g.keysComplete(), g.keysOrigin()}
+	n, err := gateKeys.Run(ctx, g.rdb, ks, "origin", runID, "").Int64()
+	return n == 1, err
+}
+
+// runID is the run_id of the Redis process holding the gate's keys: on a
+// Redis Cluster, of the master of their slot.
+func (g *Gate) runID(ctx context.Context) (string, error) {
+	var node interface {
+		Info(ctx context.Context, section ...string) *redis.StringCmd
+	} = g.rdb
+	if cc, ok := g.rdb.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(ctx, g.keysComplete())
+		if err != nil {
+			return "", fmt.Errorf("gate keys' master: %w", err)
+		}
+		node = m
+	}
+	info, err := node.Info(ctx, "server").Result()
+	if err != nil {
+		return "", fmt.Errorf("gate redis info: %w", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if id, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return id, nil
+		}
+	}
+	return "", errors.New("gate redis info: no run_id")
 }
 
 // Counter reads the SKU's counter; ok is false when it has none.

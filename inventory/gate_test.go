@@ -219,4 +219,20 @@ func TestGateKeys(t *testing.T) {
 	if err := take("order:key:b", inventory.TakeKey{Key: "b"}); !errors.Is(err, inventory.ErrShort) {
 		t.Fatalf("reloaded set, key b: %v, want ErrShort", err)
 	}
+
+	// The set was completed on this Redis process: the check keeps it.
+	// Completed on another (a restart from persistence, a promoted
+	// replica, which may have lost the latest keys): it is dropped.
+	if dropped, err := g.CheckKeys(ctx); err != nil || dropped {
+		t.Fatalf("check on the same process: %v %v, want kept", dropped, err)
+	}
+	if err := rdb.Set(ctx, prefix+"{db:gate}:keys:origin", "another-process", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if dropped, err := g.CheckKeys(ctx); err != nil || !dropped {
+		t.Fatalf("check after a change of process: %v %v, want dropped", dropped, err)
+	}
+	if err := take("order:key:b", inventory.TakeKey{Key: "b"}); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("dropped set, key b: %v, want ErrCheck", err)
+	}
 }

@@ -61,6 +61,7 @@ type StockGate interface {
 	Due(ctx context.Context, now time.Time, limit int) ([]inventory.Pending, error)
 	SKUs(ctx context.Context, n int) ([]string, error)
 	CompleteKeys(ctx context.Context, load func(context.Context) ([]string, bool, error)) (bool, error)
+	CheckKeys(ctx context.Context) (bool, error)
 }
 
 const (
@@ -341,6 +342,21 @@ func (s *Service) gateReturn(ctx context.Context, r storage.Reservation) {
 	if _, err := s.cfg.Gate.GiveBack(ctx, "", lines); err != nil {
 		s.log.Warn("gate give-back of a settled hold failed", "reservation_id", r.ID, "err", err)
 	}
+}
+
+// CheckKeys drops the gate's key set's completeness when its Redis may
+// have lost keys and kept the flag (inventory.Gate.CheckKeys): the next
+// short request under an unknown key reads MySQL and loads it again. Until
+// the sweeper's pass, such a replay could be answered 409.
+func (s *Service) CheckKeys(ctx context.Context) error {
+	if s.cfg.Gate == nil {
+		return nil
+	}
+	dropped, err := s.cfg.Gate.CheckKeys(ctx)
+	if dropped {
+		s.log.Warn("gate's Redis changed process: its key set is loaded again")
+	}
+	return err
 }
 
 // BackCheck settles the takes pending past their deadline at now against
