@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,6 +23,15 @@ import (
 // Every key carries the database's identity, as the cache's do, and one
 // hash tag, so a Redis Cluster keeps them in one slot (the scripts touch
 // several). SKUs and tags are exact byte strings in keys and fields.
+//
+// The gate also remembers the Idempotency-Keys it took for, in a set
+// beside the counters (added by the take's own script), and whether that
+// set is complete: every key MySQL holds is in it (CompleteKeys loads
+// them). A short take under a key the gate does not know is then
+// answered short with no MySQL query: the key cannot name anything. The
+// set and its flag live and die with the counters (one Redis, one hash
+// tag): a Redis that lost its data has neither, and the flag comes back
+// only from MySQL.
 
 //go:embed gate_take.lua
 var gateTakeLua string
@@ -32,10 +42,14 @@ var gateSettleLua string
 //go:embed gate_seed.lua
 var gateSeedLua string
 
+//go:embed gate_keys.lua
+var gateKeysLua string
+
 var (
 	gateTake   = redis.NewScript(gateTakeLua)
 	gateSettle = redis.NewScript(gateSettleLua)
 	gateSeed   = redis.NewScript(gateSeedLua)
+	gateKeys   = redis.NewScript(gateKeysLua)
 )
 
 // Errors of Gate.Take besides Redis's.
@@ -46,7 +60,22 @@ var (
 	ErrInFlight = errors.New("inventory: gate take in flight")
 	// ErrUnseeded: a line's SKU has no counter yet (Seed it from MySQL).
 	ErrUnseeded = errors.New("inventory: gate counter missing")
+	// ErrKnown: the gate took for the key before; look it up in MySQL,
+	// then take again with TakeKey.Checked.
+	ErrKnown = errors.New("inventory: gate knows the key")
+	// ErrCheck: a line is short, and the key may be in MySQL (the gate's
+	// key set is not complete): look it up before answering short.
+	ErrCheck = errors.New("inventory: gate short, key unchecked")
+	// ErrKeyQueued: the key names an order in the queue (TakeKey.Hold).
+	ErrKeyQueued = errors.New("inventory: key names a queued order")
 )
+
+// TakeKey is the Idempotency-Key a take is made under.
+type TakeKey struct {
+	Key     string // "" for none: no key checks
+	Checked bool   // the caller looked the key up in MySQL: take even if known
+	Hold    bool   // a hold's: refuse a key that names a queued order
+}
 
 // Line is a quantity of one SKU.
 type Line struct {
@@ -82,6 +111,9 @@ func (g *Gate) counter(sku string) string { return g.prefix + "stock:" + sku }
 func (g *Gate) pending() string           { return g.prefix + "pending" }
 func (g *Gate) due() string               { return g.prefix + "due" }
 func (g *Gate) skus() string              { return g.prefix + "skus" }
+func (g *Gate) keySet() string            { return g.prefix + "keys" }
+func (g *Gate) keysComplete() string      { return g.prefix + "keys:complete" }
+func (g *Gate) keysOrigin() string        { return g.prefix + "keys:origin" }
 
 func (g *Gate) keys(lines []Line) []string {
 	keys := []string{g.pending(), g.due()}
@@ -100,12 +132,25 @@ func quantities(lines []Line) []any {
 }
 
 // Take takes every line's quantity, all or nothing, recording the take as
-// pending under tag until deadline. It fails with ErrInFlight (tag pending
-// already), ErrUnseeded or ErrShort (with the line's SKU), and takes
-// nothing then.
-func (g *Gate) Take(ctx context.Context, tag, entry string, deadline time.Time, lines []Line) error {
-	args := append([]any{tag, entry, deadline.UnixMilli()}, quantities(lines)...)
-	res, err := gateTake.Run(ctx, g.rdb, g.keys(lines), args...).Int64Slice()
+// pending under tag until deadline, and key.Key in the gate's key set. It
+// fails, taking nothing, with ErrKnown or ErrCheck (key.Key not Checked),
+// ErrKeyQueued (key.Hold), ErrInFlight (tag pending already), ErrUnseeded
+// or ErrShort (with the line's SKU).
+func (g *Gate) Take(ctx context.Context, tag, entry string, deadline time.Time, key TakeKey, lines []Line) error {
+	queued := g.keySet()
+	if key.Hold && key.Key != "" {
+		queued = g.Queue().marker(key.Key)
+	}
+	keys := []string{g.pending(), g.due(), g.keySet(), g.keysComplete(), queued}
+	for _, l := range lines {
+		keys = append(keys, g.counter(l.SKU))
+	}
+	checked := "0"
+	if key.Checked {
+		checked = "1"
+	}
+	args := append([]any{tag, entry, deadline.UnixMilli(), key.Key, checked}, quantities(lines)...)
+	res, err := gateTake.Run(ctx, g.rdb, keys, args...).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("gate take: %w", err)
 	}
@@ -116,8 +161,14 @@ func (g *Gate) Take(ctx context.Context, tag, entry string, deadline time.Time, 
 		return ErrInFlight
 	case 2:
 		return fmt.Errorf("%q: %w", lines[res[1]-1].SKU, ErrUnseeded)
-	default:
+	case 3:
 		return fmt.Errorf("%q: %w", lines[res[1]-1].SKU, ErrShort)
+	case 4:
+		return ErrKnown
+	case 5:
+		return fmt.Errorf("%q: %w", lines[res[1]-1].SKU, ErrCheck)
+	default:
+		return ErrKeyQueued
 	}
 }
 
@@ -179,6 +230,87 @@ func (g *Gate) seed(ctx context.Context, sku string, stock int64, mode string, s
 		return false, fmt.Errorf("gate %s %q: %w", mode, sku, err)
 	}
 	return n == 1, nil
+}
+
+// keysChunk bounds the keys one script call adds.
+const keysChunk = 1000
+
+// CompleteKeys makes the gate's key set complete, unless it is already:
+// it adds every key load returns (all of MySQL's; ok false: too many to
+// hold, the set stays incomplete) and marks the set complete. A Redis that
+// lost its data meanwhile keeps none of it: load's read may miss a key
+// whose marker was lost. It reports whether the set is complete.
+func (g *Gate) CompleteKeys(ctx context.Context, load func(context.Context) (keys []string, ok bool, err error)) (bool, error) {
+	ks := []string{g.keySet(), g.keysComplete(), g.keysOrigin()}
+	runID, err := g.runID(ctx)
+	if err != nil {
+		return false, err
+	}
+	token, err := gateKeys.Run(ctx, g.rdb, ks, "begin", strconv.FormatInt(time.Now().UnixNano(), 36)).Text()
+	if err != nil || token == "1" {
+		return err == nil, err
+	}
+	keys, ok, err := load(ctx)
+	if err != nil || !ok {
+		return false, err
+	}
+	for done := false; !done; {
+		n := min(len(keys), keysChunk)
+		mode := "add"
+		if done = n == len(keys); done {
+			mode = "done"
+		}
+		args := []any{mode, token, runID}
+		for _, k := range keys[:n] {
+			args = append(args, k)
+		}
+		keys = keys[n:]
+		added, err := gateKeys.Run(ctx, g.rdb, ks, args...).Int64()
+		if err != nil || added == 0 {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// CheckKeys marks the key set incomplete if it was completed on another
+// Redis process than the one now serving it: a restart from persistence
+// or a promoted replica may have lost the latest keys with the latest
+// writes, and kept the flag. It reports whether it did. The sweeper runs
+// it every pass.
+func (g *Gate) CheckKeys(ctx context.Context) (bool, error) {
+	runID, err := g.runID(ctx)
+	if err != nil {
+		return false, err
+	}
+	ks := []string{g.keySet(), g.keysComplete(), g.keysOrigin()}
+	n, err := gateKeys.Run(ctx, g.rdb, ks, "origin", runID, "").Int64()
+	return n == 1, err
+}
+
+// runID is the run_id of the Redis process holding the gate's keys: on a
+// Redis Cluster, of the master of their slot.
+func (g *Gate) runID(ctx context.Context) (string, error) {
+	var node interface {
+		Info(ctx context.Context, section ...string) *redis.StringCmd
+	} = g.rdb
+	if cc, ok := g.rdb.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(ctx, g.keysComplete())
+		if err != nil {
+			return "", fmt.Errorf("gate keys' master: %w", err)
+		}
+		node = m
+	}
+	info, err := node.Info(ctx, "server").Result()
+	if err != nil {
+		return "", fmt.Errorf("gate redis info: %w", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if id, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return id, nil
+		}
+	}
+	return "", errors.New("gate redis info: no run_id")
 }
 
 // Counter reads the SKU's counter; ok is false when it has none.

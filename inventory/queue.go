@@ -89,17 +89,22 @@ func (q *Queue) markerOf(o Queued) string {
 }
 
 // Accept takes the order's quantity from its SKU's counter and appends it
-// to the stream, in one step. When the order's key names an order already
-// (queued, or settled within the marker's bound), it takes nothing and
-// returns that order's id. It fails with ErrUnseeded or ErrShort as
+// to the stream, in one step, adding its key to the gate's key set. When
+// the order's key names an order already (queued, or settled within the
+// marker's bound), it takes nothing and returns that order's id. It fails
+// with ErrKnown, ErrCheck (checked false), ErrUnseeded or ErrShort as
 // Gate.Take does, appending nothing.
-func (q *Queue) Accept(ctx context.Context, o Queued) (existing string, err error) {
+func (q *Queue) Accept(ctx context.Context, o Queued, checked bool) (existing string, err error) {
 	entry, err := json.Marshal(o)
 	if err != nil {
 		return "", err
 	}
-	keys := []string{q.stream(), q.queued(), q.markerOf(o), q.g.counter(o.SKU)}
-	res, err := queueAccept.Run(ctx, q.g.rdb, keys, o.ID, entry, o.Key, o.Quantity).Slice()
+	keys := []string{q.stream(), q.queued(), q.markerOf(o), q.g.keySet(), q.g.keysComplete(), q.g.counter(o.SKU)}
+	c := "0"
+	if checked {
+		c = "1"
+	}
+	res, err := queueAccept.Run(ctx, q.g.rdb, keys, o.ID, entry, o.Key, c, o.Quantity).Slice()
 	if err != nil {
 		return "", fmt.Errorf("queue accept: %w", err)
 	}
@@ -112,8 +117,12 @@ func (q *Queue) Accept(ctx context.Context, o Queued) (existing string, err erro
 		return id, nil
 	case 2:
 		return "", fmt.Errorf("%q: %w", o.SKU, ErrUnseeded)
-	default:
+	case 3:
 		return "", fmt.Errorf("%q: %w", o.SKU, ErrShort)
+	case 4:
+		return "", ErrKnown
+	default:
+		return "", fmt.Errorf("%q: %w", o.SKU, ErrCheck)
 	}
 }
 

@@ -26,19 +26,19 @@ func TestQueueAcceptAndSettleOnce(t *testing.T) {
 		t.Fatalf("group created twice: %v", err)
 	}
 	o := inventory.Queued{ID: "o1", SKU: "S", Quantity: 2, Key: "k"}
-	if _, err := q.Accept(ctx, o); !errors.Is(err, inventory.ErrUnseeded) {
+	if _, err := q.Accept(ctx, o, false); !errors.Is(err, inventory.ErrUnseeded) {
 		t.Fatalf("accept on no counter: %v, want ErrUnseeded", err)
 	}
 	if err := g.Seed(ctx, "S", 3); err != nil {
 		t.Fatal(err)
 	}
-	if prev, err := q.Accept(ctx, o); err != nil || prev != "" {
+	if prev, err := q.Accept(ctx, o, true); err != nil || prev != "" {
 		t.Fatalf("accept: %q %v", prev, err)
 	}
-	if prev, err := q.Accept(ctx, inventory.Queued{ID: "o2", SKU: "S", Quantity: 1, Key: "k"}); err != nil || prev != "o1" {
+	if prev, err := q.Accept(ctx, inventory.Queued{ID: "o2", SKU: "S", Quantity: 1, Key: "k"}, false); err != nil || prev != "o1" {
 		t.Fatalf("accept under a key taken: %q %v, want o1", prev, err)
 	}
-	if _, err := q.Accept(ctx, inventory.Queued{ID: "o3", SKU: "S", Quantity: 2}); !errors.Is(err, inventory.ErrShort) {
+	if _, err := q.Accept(ctx, inventory.Queued{ID: "o3", SKU: "S", Quantity: 2}, false); !errors.Is(err, inventory.ErrShort) {
 		t.Fatalf("accept past the counter: %v, want ErrShort", err)
 	}
 	if c := counter(t, g, "S"); c.Stock != 1 || c.Held != 2 {
@@ -69,7 +69,7 @@ func TestQueueAcceptAndSettleOnce(t *testing.T) {
 	if _, ok, _ := q.Lookup(ctx, "o1"); ok {
 		t.Fatal("o1 still queued after its settle")
 	}
-	if prev, err := q.Accept(ctx, inventory.Queued{ID: "o4", SKU: "S", Quantity: 1, Key: "k"}); err != nil || prev != "o1" {
+	if prev, err := q.Accept(ctx, inventory.Queued{ID: "o4", SKU: "S", Quantity: 1, Key: "k"}, false); err != nil || prev != "o1" {
 		t.Fatalf("accept under a settled order's key: %q %v, want o1 (the marker outlives the settle)", prev, err)
 	}
 }
@@ -97,7 +97,7 @@ func TestQueueRegroups(t *testing.T) {
 			t.Fatalf("read after the stream went: %v", err)
 		}
 	}
-	if _, err := q.Accept(ctx, inventory.Queued{ID: "o1", SKU: "S", Quantity: 1}); err != nil {
+	if _, err := q.Accept(ctx, inventory.Queued{ID: "o1", SKU: "S", Quantity: 1}, false); err != nil {
 		t.Fatal(err)
 	}
 	if ds, err := q.Read(ctx, "c1", 10, time.Second); err != nil || len(ds) != 1 {

@@ -29,7 +29,7 @@ func TestSettleGate(t *testing.T) {
 	if err := gate.Seed(ctx, "settle", 10); err != nil {
 		t.Fatal(err)
 	}
-	if err := gate.Take(ctx, "dead-replica", "{}", time.Now(), lines); err != nil {
+	if err := gate.Take(ctx, "dead-replica", "{}", time.Now(), inventory.TakeKey{}, lines); err != nil {
 		t.Fatal(err)
 	}
 	rn := &Runner{DB: db}

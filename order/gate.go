@@ -38,10 +38,19 @@ import (
 // A take is tagged by its Idempotency-Key when it has one: a replay that
 // arrives while the first is in flight takes nothing, and waits for the
 // first to settle before it looks for the order again.
+//
+// A keyed request reads MySQL only when the gate says the key may name
+// something: the take's script answers ErrKnown (it took for the key
+// before) or ErrCheck (short, and its key set is not known to hold every
+// key MySQL does); the request then looks the key up, as a replay, and
+// takes again. A sold-out answer under a new key costs the script alone
+// once the set is complete (gateKeys: loaded from MySQL at a seed, a reset
+// or a check). The set is lost only with the counters, and a reseeded
+// gate loads it again, so a replay is never answered 409.
 
 // StockGate is the stock gate (inventory.Gate); nil in Config: no gate.
 type StockGate interface {
-	Take(ctx context.Context, tag, entry string, deadline time.Time, lines []inventory.Line) error
+	Take(ctx context.Context, tag, entry string, deadline time.Time, key inventory.TakeKey, lines []inventory.Line) error
 	Done(ctx context.Context, tag string, lines []inventory.Line) (bool, error)
 	GiveBack(ctx context.Context, tag string, lines []inventory.Line) (bool, error)
 	Settle(ctx context.Context, p inventory.Pending, committed bool, lines []inventory.Line) (bool, error)
@@ -51,6 +60,8 @@ type StockGate interface {
 	Counter(ctx context.Context, sku string) (inventory.Counter, bool, error)
 	Due(ctx context.Context, now time.Time, limit int) ([]inventory.Pending, error)
 	SKUs(ctx context.Context, n int) ([]string, error)
+	CompleteKeys(ctx context.Context, load func(context.Context) ([]string, bool, error)) (bool, error)
+	CheckKeys(ctx context.Context) (bool, error)
 }
 
 const (
@@ -63,6 +74,12 @@ const (
 	// reconcileBatch the counters one pass reconciles.
 	backCheckBatch = 100
 	reconcileBatch = 20
+	// maxGateKeys bounds the keys loaded into the gate's key set: with
+	// more in MySQL, the set stays incomplete and a short keyed request
+	// reads MySQL. keysRetry is how long after a failed load the next
+	// one is tried.
+	maxGateKeys = 10000
+	keysRetry   = time.Minute
 )
 
 // gateBound is how long after its take a pending take is left to its
@@ -90,9 +107,11 @@ func gateTag(kind, key, id string) string {
 }
 
 // gateTake takes lines for the order or hold id. It returns nil once taken;
-// storage.ErrOutOfStock when the gate is short; ErrInFlight-wrapped
-// inventory.ErrInFlight when the tag's take is pending.
-func (s *Service) gateTake(ctx context.Context, kind, tag, id string, lines []inventory.Line) error {
+// storage.ErrOutOfStock when the gate is short; inventory.ErrInFlight when
+// the tag's take is pending; inventory.ErrKnown or ErrCheck when the key
+// is to be looked up in MySQL first (a check also loads the gate's key
+// set, unless it is loading).
+func (s *Service) gateTake(ctx context.Context, kind, tag, id string, key inventory.TakeKey, lines []inventory.Line) error {
 	deadline := time.Now().Add(s.gateBound())
 	entry, err := json.Marshal(gateEntry{Kind: kind, ID: id, Lines: lines, Deadline: deadline.UnixMilli()})
 	if err != nil {
@@ -100,7 +119,7 @@ func (s *Service) gateTake(ctx context.Context, kind, tag, id string, lines []in
 	}
 	for seeded := false; ; seeded = true {
 		gctx, cancel := context.WithTimeout(ctx, gateTimeout)
-		err = s.cfg.Gate.Take(gctx, tag, string(entry), deadline, lines)
+		err = s.cfg.Gate.Take(gctx, tag, string(entry), deadline, key, lines)
 		cancel()
 		switch {
 		case err == nil:
@@ -109,8 +128,13 @@ func (s *Service) gateTake(ctx context.Context, kind, tag, id string, lines []in
 		case errors.Is(err, inventory.ErrShort):
 			s.metrics.gate.WithLabelValues("short").Inc()
 			return fmt.Errorf("%w (gate): %w", storage.ErrOutOfStock, err)
-		case errors.Is(err, inventory.ErrInFlight):
+		case errors.Is(err, inventory.ErrCheck):
+			s.gateKeys(ctx, true)
 			return err
+		case errors.Is(err, inventory.ErrInFlight), errors.Is(err, inventory.ErrKnown):
+			return err
+		case errors.Is(err, inventory.ErrKeyQueued):
+			return fmt.Errorf("key names a queued order: %w", ErrKeyReused)
 		case errors.Is(err, inventory.ErrUnseeded) && !seeded:
 			if err := s.gateSeed(ctx, lines); err != nil {
 				return err
@@ -139,7 +163,32 @@ func (s *Service) gateSeed(ctx context.Context, lines []inventory.Line) error {
 			return fmt.Errorf("%w: stock gate: %w", ErrUnavailable, err)
 		}
 	}
+	s.gateKeys(ctx, false)
 	return nil
+}
+
+// gateKeys completes the gate's key set from MySQL, if it is not complete
+// (a new or reseeded gate) and no other request of this replica is
+// loading it. After a failed load (too many keys, or an error), a check
+// tries again only keysRetry later. A failure is not the request's: its
+// keys are then looked up in MySQL.
+func (s *Service) gateKeys(ctx context.Context, check bool) {
+	if !s.keysLoad.TryLock() {
+		return
+	}
+	defer s.keysLoad.Unlock()
+	if check && time.Since(s.keysLoad.failed) < keysRetry {
+		return
+	}
+	gctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
+	complete, err := s.cfg.Gate.CompleteKeys(gctx, func(ctx context.Context) ([]string, bool, error) {
+		return s.store.IdempotencyKeys(ctx, maxGateKeys)
+	})
+	if err != nil || !complete {
+		s.keysLoad.failed = time.Now()
+		s.log.Warn("gate key set incomplete: short keyed requests read MySQL", "err", err)
+	}
 }
 
 // gateSettle settles a take once its flow is over: committed says whether
@@ -171,9 +220,10 @@ func (s *Service) gateSettle(ctx context.Context, tag string, lines []inventory.
 // placeGated is Place behind the gate.
 func (s *Service) placeGated(ctx context.Context, req Request) (Order, bool, error) {
 	lines := []inventory.Line{{SKU: req.SKU, Quantity: req.Quantity}}
+	key := inventory.TakeKey{Key: req.Key}
 	for {
-		// A replay takes nothing.
-		if req.Key != "" {
+		// A replay takes nothing: a key the gate may know is looked up.
+		if key.Checked {
 			prev, err := s.store.OrderByKey(ctx, req.Key)
 			if err == nil {
 				return replay(prev, req)
@@ -184,15 +234,19 @@ func (s *Service) placeGated(ctx context.Context, req Request) (Order, bool, err
 		}
 		req.id = uuid.Must(uuid.NewV7()).String()
 		tag := gateTag("order", req.Key, req.id)
-		err := s.gateTake(ctx, "order", tag, req.id, lines)
-		if errors.Is(err, inventory.ErrInFlight) { // the key's first try is in flight
-			if err := clock.Sleep(ctx, inFlightPoll); err != nil {
+		err := s.gateTake(ctx, "order", tag, req.id, key, lines)
+		if key.Checked && errors.Is(err, storage.ErrOutOfStock) {
+			// The key's first try may have committed, and settled its
+			// take, since the lookup: its replay is not short.
+			if prev, perr := s.store.OrderByKey(ctx, req.Key); perr == nil {
+				return replay(prev, req)
+			}
+		}
+		if again, err := s.takeAgain(ctx, err, &key); again || err != nil {
+			if err != nil {
 				return Order{}, false, err
 			}
 			continue
-		}
-		if err != nil {
-			return Order{}, false, err
 		}
 		o, replayed, err := s.place(ctx, req)
 		id := req.id
@@ -201,6 +255,21 @@ func (s *Service) placeGated(ctx context.Context, req Request) (Order, bool, err
 		})
 		return o, replayed, err
 	}
+}
+
+// takeAgain answers a take's error: again when the key is to be looked up
+// first (known, or a short the gate cannot tell from a replay) or its
+// first take is in flight (after a pause); else the error, nil when taken.
+func (s *Service) takeAgain(ctx context.Context, err error, key *inventory.TakeKey) (bool, error) {
+	switch {
+	case errors.Is(err, inventory.ErrKnown), errors.Is(err, inventory.ErrCheck):
+		key.Checked = true
+		return true, nil
+	case errors.Is(err, inventory.ErrInFlight): // the key's first try
+		key.Checked = true
+		return true, clock.Sleep(ctx, inFlightPoll)
+	}
+	return false, err
 }
 
 // orderExists reports whether the order id is in MySQL.
@@ -227,23 +296,26 @@ func (s *Service) holdGated(ctx context.Context, req HoldRequest) (storage.Reser
 	for i, l := range req.Lines {
 		lines[i] = inventory.Line{SKU: l.SKU, Quantity: l.Quantity}
 	}
+	key := inventory.TakeKey{Key: req.Key, Hold: true}
 	for {
-		if req.Key != "" {
+		if key.Checked {
 			if r, replayed, err := s.replayHold(ctx, req); replayed || err != nil {
 				return r, replayed, err
 			}
 		}
 		req.id = uuid.Must(uuid.NewV7()).String()
 		tag := gateTag("hold", req.Key, req.id)
-		err := s.gateTake(ctx, "hold", tag, req.id, lines)
-		if errors.Is(err, inventory.ErrInFlight) {
-			if err := clock.Sleep(ctx, inFlightPoll); err != nil {
+		err := s.gateTake(ctx, "hold", tag, req.id, key, lines)
+		if key.Checked && errors.Is(err, storage.ErrOutOfStock) { // as placeGated
+			if r, replayed, rerr := s.replayHold(ctx, req); replayed || rerr != nil {
+				return r, replayed, rerr
+			}
+		}
+		if again, err := s.takeAgain(ctx, err, &key); again || err != nil {
+			if err != nil {
 				return storage.Reservation{}, false, err
 			}
 			continue
-		}
-		if err != nil {
-			return storage.Reservation{}, false, err
 		}
 		r, replayed, err := s.holdFlow(ctx, req)
 		id := req.id
@@ -270,6 +342,21 @@ func (s *Service) gateReturn(ctx context.Context, r storage.Reservation) {
 	if _, err := s.cfg.Gate.GiveBack(ctx, "", lines); err != nil {
 		s.log.Warn("gate give-back of a settled hold failed", "reservation_id", r.ID, "err", err)
 	}
+}
+
+// CheckKeys drops the gate's key set's completeness when its Redis may
+// have lost keys and kept the flag (inventory.Gate.CheckKeys): the next
+// short request under an unknown key reads MySQL and loads it again. Until
+// the sweeper's pass, such a replay could be answered 409.
+func (s *Service) CheckKeys(ctx context.Context) error {
+	if s.cfg.Gate == nil {
+		return nil
+	}
+	dropped, err := s.cfg.Gate.CheckKeys(ctx)
+	if dropped {
+		s.log.Warn("gate's Redis changed process: its key set is loaded again")
+	}
+	return err
 }
 
 // BackCheck settles the takes pending past their deadline at now against

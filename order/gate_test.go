@@ -328,8 +328,8 @@ type inFlightGate struct {
 	inFlight chan struct{}
 }
 
-func (g *inFlightGate) Take(ctx context.Context, tag, entry string, deadline time.Time, lines []inventory.Line) error {
-	err := g.StockGate.Take(ctx, tag, entry, deadline, lines)
+func (g *inFlightGate) Take(ctx context.Context, tag, entry string, deadline time.Time, key inventory.TakeKey, lines []inventory.Line) error {
+	err := g.StockGate.Take(ctx, tag, entry, deadline, key, lines)
 	if errors.Is(err, inventory.ErrInFlight) {
 		g.once.Do(func() { close(g.inFlight) })
 	}
@@ -532,7 +532,7 @@ func TestGateReconcile(t *testing.T) {
 	}
 	// A take in flight: left alone.
 	lines := []inventory.Line{{SKU: "gate-rec", Quantity: 1}}
-	if err := g.Take(ctx, "order:id:x", "{}", time.Now().Add(time.Hour), lines); err != nil {
+	if err := g.Take(ctx, "order:id:x", "{}", time.Now().Add(time.Hour), inventory.TakeKey{}, lines); err != nil {
 		t.Fatal(err)
 	}
 	if err := svc.Reconcile(ctx); err != nil {

@@ -48,7 +48,7 @@ import (
 // OrderQueue is the order queue (inventory.Queue); nil in Config: accept
 // sync.
 type OrderQueue interface {
-	Accept(ctx context.Context, o inventory.Queued) (existing string, err error)
+	Accept(ctx context.Context, o inventory.Queued, checked bool) (existing string, err error)
 	Lookup(ctx context.Context, id string) (inventory.Queued, bool, error)
 	Group(ctx context.Context) error
 	Read(ctx context.Context, consumer string, count int, block time.Duration) ([]inventory.Delivery, error)
@@ -94,19 +94,21 @@ func (s *Service) keyKeep() time.Duration { return 2 * s.cfg.RequestTimeout }
 // placeQueued is Place with accept queue: the order is pending once taken
 // and appended, or the order its key names already.
 func (s *Service) placeQueued(ctx context.Context, req Request) (Order, bool, error) {
-	if req.Key != "" {
-		if o, replayed, err := s.replayQueued(ctx, req); !errors.Is(err, storage.ErrNotFound) {
-			return o, replayed, err
-		}
-	}
 	q := inventory.Queued{
 		ID: uuid.Must(uuid.NewV7()).String(), SKU: req.SKU, Quantity: req.Quantity, Key: req.Key,
 		Instance: s.cfg.Instance, AcceptedAt: time.Now().UnixMicro(),
 	}
 	lines := []inventory.Line{{SKU: req.SKU, Quantity: req.Quantity}}
-	for seeded := false; ; seeded = true {
+	checked, seeded := false, false
+	for {
+		// A key the gate may know is looked up in MySQL (gate.go).
+		if checked {
+			if o, replayed, err := s.replayQueued(ctx, req); !errors.Is(err, storage.ErrNotFound) {
+				return o, replayed, err
+			}
+		}
 		gctx, cancel := context.WithTimeout(ctx, gateTimeout)
-		existing, err := s.cfg.Queue.Accept(gctx, q)
+		existing, err := s.cfg.Queue.Accept(gctx, q, checked)
 		cancel()
 		switch {
 		case err == nil && existing != "": // the key's order, queued or just settled
@@ -121,7 +123,13 @@ func (s *Service) placeQueued(ctx context.Context, req Request) (Order, bool, er
 		case errors.Is(err, inventory.ErrShort):
 			s.metrics.gate.WithLabelValues("short").Inc()
 			return Order{}, false, fmt.Errorf("%w (gate): %w", storage.ErrOutOfStock, err)
+		case errors.Is(err, inventory.ErrKnown), errors.Is(err, inventory.ErrCheck):
+			if errors.Is(err, inventory.ErrCheck) {
+				s.gateKeys(ctx, true)
+			}
+			checked = true
 		case errors.Is(err, inventory.ErrUnseeded) && !seeded:
+			seeded = true
 			if err := s.gateSeed(ctx, lines); err != nil {
 				return Order{}, false, err
 			}

@@ -75,6 +75,7 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersi
 		if err := s.cfg.Gate.Reset(wctx, sku, item.Stock); err != nil {
 			s.log.Warn("gate reset failed", "sku", sku, "err", err)
 		}
+		s.gateKeys(wctx, false)
 	}
 	s.log.Info("inventory set", "sku", sku, "stock", item.Stock, "version", item.Version)
 	return inv, nil

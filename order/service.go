@@ -187,6 +187,13 @@ type Service struct {
 		after storage.Reservation
 	}
 
+	// keysLoad lets one request at a time load MySQL's keys into the
+	// gate's key set, and when that failed (gate.go).
+	keysLoad struct {
+		sync.Mutex
+		failed time.Time
+	}
+
 	stopOnce  sync.Once
 	stop      chan struct{} // ends the heartbeat
 	heartbeat sync.WaitGroup

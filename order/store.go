@@ -30,6 +30,8 @@ type FlowStore interface {
 	// request, an order or a hold.
 	OrderByKey(ctx context.Context, key string) (storage.Order, error)
 	ReservationByKey(ctx context.Context, key string) (storage.Reservation, error)
+	// IdempotencyKeys loads the gate's key set (gate.go).
+	IdempotencyKeys(ctx context.Context, limit int) ([]string, bool, error)
 }
 
 // ReservationStore is what reservations need (reservations.go, and the

@@ -69,6 +69,9 @@ func (s *Service) sweepLoop() {
 		if err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("gate reconcile failed", "err", err)
 		}
+		if err := s.CheckKeys(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("gate key check failed", "err", err)
+		}
 		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("sweep failed", "err", err)
 		}

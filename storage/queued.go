@@ -106,3 +106,14 @@ func (s *Store) KeyRef(ctx context.Context, key string) (IdempotencyKey, error) 
 	}
 	return k, err
 }
+
+// IdempotencyKeys returns every idempotency key MySQL holds, orders' and
+// holds' alike, if there are at most limit; ok is false when there are
+// more.
+func (s *Store) IdempotencyKeys(ctx context.Context, limit int) (keys []string, ok bool, err error) {
+	err = s.db.WithContext(ctx).Model(&IdempotencyKey{}).Limit(limit+1).Pluck("idempotency_key", &keys).Error
+	if err != nil || len(keys) > limit {
+		return nil, false, err
+	}
+	return keys, true, nil
+}

@@ -1,0 +1,221 @@
+package order_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oversold-lab/oversold/order"
+	"github.com/oversold-lab/oversold/storage"
+)
+
+// countedConn counts the commands a MySQL client sends: a packet with
+// sequence number 0 starts one (COM_QUERY, COM_STMT_EXECUTE, COM_PING...).
+type countedConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countedConn) Write(b []byte) (int, error) {
+	if len(b) >= 5 && b[3] == 0 {
+		c.n.Add(1)
+	}
+	return c.Conn.Write(b)
+}
+
+var countedNets atomic.Int64
+
+// countedStore is a store whose every MySQL command, on any of its
+// connections, is counted on the wire: what a path costs, whatever code
+// sends it.
+func (f *fixture) countedStore(n *atomic.Int64) *storage.Store {
+	f.t.Helper()
+	cfg, err := mysql.ParseDSN(f.dsn)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	network := cfg.Net
+	netName := "counted" + strings.Repeat("x", int(countedNets.Add(1)))
+	mysql.RegisterDialContext(netName, func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return countedConn{c, n}, nil
+	})
+	cfg.Net = netName
+	s, err := storage.Open(f.t.Context(), cfg.FormatDSN())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// flushGate deletes every key of the test's Redis prefix: what the gate
+// sees after its Redis lost its data (a restart without persistence, a
+// FLUSHALL), without touching a shared server's other keys.
+func (f *fixture) flushGate() {
+	f.t.Helper()
+	ctx := context.WithoutCancel(f.t.Context())
+	rdb := redis.NewClient(&redis.Options{Addr: f.redis})
+	defer rdb.Close()
+	keys, err := rdb.Keys(ctx, f.prefix+"*").Result()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if len(keys) == 0 {
+		f.t.Fatal("no gate keys to flush")
+	}
+	if err := rdb.Del(ctx, keys...).Err(); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// A keyed order the gate refuses costs no MySQL command at all: the gate
+// knows every key MySQL holds, so a new key cannot name anything. Replays
+// stay truthful: a committed order's key is answered with its order, also
+// after the gate's Redis lost its data (reseeded, its keys loaded again),
+// and an order's key used for a hold is 422.
+func TestGateSoldOutKeyedCostsNoMySQL(t *testing.T) {
+	f := newFixture(t)
+	const sku = "gate-keys"
+	f.stock(sku, 2)
+	var commands atomic.Int64
+	svc := f.serviceWith(f.countedStore(&commands), nil, nil, order.Config{Guard: storage.GuardAtomic, Gate: f.gate()})
+	h := svc.Handler()
+	ids := map[string]string{}
+	for _, k := range []string{"k1", "k2"} {
+		rec := post(h, sku, 1, "Idempotency-Key", k)
+		if rec.Code != http.StatusCreated {
+			t.Fatalf("order %s: %d %s", k, rec.Code, rec.Body)
+		}
+		ids[k] = decodeOrder(t, rec).ID
+	}
+	soldOut := func(key string) {
+		t.Helper()
+		commands.Store(0)
+		wantCode(t, post(h, sku, 1, "Idempotency-Key", key), http.StatusConflict, "out_of_stock")
+		if n := commands.Load(); n != 0 {
+			t.Fatalf("a sold-out order under a new key sent %d MySQL commands, want 0", n)
+		}
+	}
+	replays := func() {
+		t.Helper()
+		for k, id := range ids {
+			rec := post(h, sku, 1, "Idempotency-Key", k)
+			if rec.Code != http.StatusOK || decodeOrder(t, rec).ID != id {
+				t.Fatalf("replay of %s after sell-out: %d %s, want 200 with order %s", k, rec.Code, rec.Body, id)
+			}
+		}
+		wantCode(t, hold(h, 60, "k1", sku, 1), http.StatusUnprocessableEntity, "idempotency_key_reused")
+		wantCode(t, post(h, sku, 2, "Idempotency-Key", "k2"), http.StatusUnprocessableEntity, "idempotency_key_reused")
+	}
+	soldOut("k3")
+	replays()
+	soldOut("k4")
+
+	// The gate's Redis loses everything: counters, key set, its flag.
+	f.flushGate()
+	replays() // the first reseeds the counter and loads the keys
+	soldOut("k5")
+	f.wantSettled(sku)
+}
+
+// A hold under the key of an order still in the queue (202, not in MySQL
+// yet) is refused as a reused key, and takes nothing.
+func TestGateHoldUnderQueuedOrdersKey(t *testing.T) {
+	f := newFixture(t)
+	const sku = "gate-queued-key"
+	f.stock(sku, 5)
+	g := f.gate()
+	// Not started: it accepts, and nothing consumes the queue.
+	svc := f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: g, Queue: g.Queue()})
+	h := svc.Handler()
+	rec := post(h, sku, 1, "Idempotency-Key", "q1")
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("queued order: %d %s", rec.Code, rec.Body)
+	}
+	wantCode(t, hold(h, 60, "q1", sku, 1), http.StatusUnprocessableEntity, "idempotency_key_reused")
+	if c := f.counter(sku); c.Stock != 4 || c.Held != 1 {
+		t.Fatalf("gate counter %+v, want stock 4 held 1 (the queued order's only)", c)
+	}
+}
+
+// Requests under one key at once, past the last unit of stock: one places
+// the order, every other is its replay, none is answered out of stock.
+func TestGateSameKeyAtSellOut(t *testing.T) {
+	f := newFixture(t)
+	const sku = "gate-same-key"
+	f.stock(sku, 1)
+	var replicas []http.Handler
+	for range 3 {
+		replicas = append(replicas, f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: f.gate()}).Handler())
+	}
+	const clients = 12
+	start := make(chan struct{})
+	codes := make([]int, clients)
+	ids := make([]string, clients)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			<-start
+			rec := post(replicas[i%len(replicas)], sku, 1, "Idempotency-Key", "same")
+			codes[i] = rec.Code
+			if rec.Code < 300 {
+				ids[i] = decodeOrder(t, rec).ID
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	created := 0
+	for i, c := range codes {
+		switch {
+		case c == http.StatusCreated:
+			created++
+		case c != http.StatusOK:
+			t.Fatalf("client %d: %d, want 201 or 200 (a replay)", i, c)
+		}
+		if ids[i] != ids[0] {
+			t.Fatalf("client %d got order %s, client 0 %s", i, ids[i], ids[0])
+		}
+	}
+	if created != 1 {
+		t.Fatalf("%d orders created, want 1", created)
+	}
+	f.wantSettled(sku)
+}
+
+// With the accept queue too, a sold-out order under a new key costs no
+// MySQL command, and a replay of a queued order is still its order.
+func TestQueueSoldOutKeyedCostsNoMySQL(t *testing.T) {
+	f := newFixture(t)
+	const sku = "queue-keys"
+	f.stock(sku, 1)
+	g := f.gate()
+	var commands atomic.Int64
+	// Not started: it accepts, and nothing consumes the queue.
+	svc := f.serviceWith(f.countedStore(&commands), nil, nil, order.Config{Guard: storage.GuardAtomic, Gate: g, Queue: g.Queue()})
+	h := svc.Handler()
+	rec := post(h, sku, 1, "Idempotency-Key", "q1")
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("queued order: %d %s", rec.Code, rec.Body)
+	}
+	id := decodeOrder(t, rec).ID
+	commands.Store(0)
+	wantCode(t, post(h, sku, 1, "Idempotency-Key", "q2"), http.StatusConflict, "out_of_stock")
+	if n := commands.Load(); n != 0 {
+		t.Fatalf("a sold-out order under a new key sent %d MySQL commands, want 0", n)
+	}
+	if rec := post(h, sku, 1, "Idempotency-Key", "q1"); rec.Code != http.StatusOK || decodeOrder(t, rec).ID != id {
+		t.Fatalf("replay of the queued order: %d %s, want 200 with order %s", rec.Code, rec.Body, id)
+	}
+}
