@@ -224,12 +224,8 @@ func (s *Service) placeGated(ctx context.Context, req Request) (Order, bool, err
 	for {
 		// A replay takes nothing: a key the gate may know is looked up.
 		if key.Checked {
-			prev, err := s.store.OrderByKey(ctx, req.Key)
-			if err == nil {
-				return replay(prev, req)
-			}
-			if !errors.Is(err, storage.ErrNotFound) {
-				return Order{}, false, err
+			if o, replayed, err := s.replayOrder(ctx, req); !errors.Is(err, storage.ErrNotFound) {
+				return o, replayed, err // the order, or the key names a hold (422)
 			}
 		}
 		req.id = uuid.Must(uuid.NewV7()).String()
@@ -238,8 +234,8 @@ func (s *Service) placeGated(ctx context.Context, req Request) (Order, bool, err
 		if key.Checked && errors.Is(err, storage.ErrOutOfStock) {
 			// The key's first try may have committed, and settled its
 			// take, since the lookup: its replay is not short.
-			if prev, perr := s.store.OrderByKey(ctx, req.Key); perr == nil {
-				return replay(prev, req)
+			if o, replayed, perr := s.replayOrder(ctx, req); perr == nil || errors.Is(perr, ErrKeyReused) {
+				return o, replayed, perr
 			}
 		}
 		if again, err := s.takeAgain(ctx, err, &key); again || err != nil {

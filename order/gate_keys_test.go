@@ -219,3 +219,20 @@ func TestQueueSoldOutKeyedCostsNoMySQL(t *testing.T) {
 		t.Fatalf("replay of the queued order: %d %s, want 200 with order %s", rec.Code, rec.Body, id)
 	}
 }
+
+// An order under a hold's key is 422 also when the gate is short: the
+// lookup the gate asks for reads reservations too, not orders alone (a
+// lookup of orders alone found nothing and answered 409 out_of_stock).
+func TestGateOrderUnderHoldKeySoldOut(t *testing.T) {
+	f := newFixture(t)
+	const sku = "gk-holdkey"
+	f.stock(sku, 1)
+	h := f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: f.gate()}).Handler()
+	if rec := hold(h, 60, "gk-h1", sku, 1); rec.Code != http.StatusCreated {
+		t.Fatalf("hold: %d %s", rec.Code, rec.Body)
+	}
+	rec := post(h, sku, 1, "Idempotency-Key", "gk-h1")
+	if rec.Code != http.StatusUnprocessableEntity || !strings.Contains(rec.Body.String(), "idempotency_key_reused") {
+		t.Errorf("an order under a hold's key, the gate short: %d %s, want 422 idempotency_key_reused", rec.Code, rec.Body)
+	}
+}
