@@ -110,4 +110,51 @@ func (q *queueWatch) pending(ctx context.Context, consumer string) int {
 	return len(ps)
 }
 
+// length is the number of entries in the stream: accepted orders not
+// settled yet (0 when unreadable).
+func (q *queueWatch) length(ctx context.Context) int {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	n, _ := q.rdb.XLen(ctx, q.stream).Result()
+	return int(n)
+}
+
+// last is the id of the stream's newest entry ("" for none).
+func (q *queueWatch) last(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	ms, err := q.rdb.XRevRangeN(ctx, q.stream, "+", "-", 1).Result()
+	if err != nil || len(ms) == 0 {
+		return ""
+	}
+	return ms[0].ID
+}
+
+// upTo counts the entries with an id up to last: those already there
+// when last was read, still there (-1 when unreadable).
+func (q *queueWatch) upTo(ctx context.Context, last string) int {
+	if last == "" {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	ms, err := q.rdb.XRange(ctx, q.stream, "-", last).Result()
+	if err != nil {
+		return -1
+	}
+	return len(ms)
+}
+
+// pendingAll counts the entries read by any consumer and not settled (0
+// when unreadable).
+func (q *queueWatch) pendingAll(ctx context.Context) int {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	p, err := q.rdb.XPending(ctx, q.stream, "writers").Result()
+	if err != nil {
+		return 0
+	}
+	return int(p.Count)
+}
+
 func (q *queueWatch) close() { q.rdb.Close() }
