@@ -313,22 +313,21 @@ func (d *driver) enterBatch(ctx context.Context, r *loadtest.Replica, point, nam
 // enterQueued is enterBatch for accept queue: name and batchOrders-1 more
 // orders are sent to replica r and answered 202 at once; whichever
 // replica's consumer reads them writes them later, and the first write of
-// them to reach point, on any replica, is caught. d.close waits for every
-// order's 202, which the run's drain then follows to its outcome. A nil
-// call means no write of them reached point in time, as enter.
+// the fault's SKU to reach point after they were sent, on any replica, is
+// caught. It may hold an earlier round's order first (the hook names a
+// batch by its first order), which the fault's 202s need written all the
+// same. d.close waits for every order's 202, which the run's drain then
+// follows to its outcome. A nil call means no write reached point in
+// time, as enter.
 func (d *driver) enterQueued(ctx context.Context, r *loadtest.Replica, point, name string) (c *hookCall, batch []*sent) {
-	keys := map[string]bool{}
 	names := make([]string, batchOrders)
 	for i := range batchOrders {
 		names[i] = name
 		if i > 0 {
 			names[i] = fmt.Sprintf("%s-%d", name, i+1)
 		}
-		keys[d.run.KeyPrefix+"-"+names[i]] = true
 	}
-	caught := d.hook.expect(func(c *hookCall) bool {
-		return c.At == point && c.SKU == d.run.FaultSKU && keys[c.Key]
-	})
+	caught := d.hook.expect(func(c *hookCall) bool { return c.At == point && c.SKU == d.run.FaultSKU })
 	for _, n := range names {
 		batch = append(batch, d.send(ctx, r, n))
 	}

@@ -87,7 +87,8 @@ func QueueRedisRestart(fsync bool) loadtest.Fault {
 			// The kill, the restart and what follows must happen even if
 			// the load ends meanwhile.
 			ctx = context.WithoutCancel(ctx)
-			queued, pending, last := q.length(ctx), q.pendingAll(ctx), q.last(ctx)
+			last := q.last(ctx) // what was queued is what is up to it: accepts go on
+			queued, pending := q.upTo(ctx, last), q.pendingAll(ctx)
 			t0 := time.Now()
 			if err := p.srv.Kill(); err != nil {
 				return err
