@@ -87,7 +87,12 @@ func QueueRedisRestart(fsync bool) loadtest.Fault {
 			// The kill, the restart and what follows must happen even if
 			// the load ends meanwhile.
 			ctx = context.WithoutCancel(ctx)
-			last := q.last(ctx) // what was queued is what is up to it: accepts go on
+			// Every write waits from here to the kill, accepts included, so
+			// what is counted is what the kill strikes.
+			if err := q.rdb.Do(ctx, "CLIENT", "PAUSE", 10_000, "WRITE").Err(); err != nil {
+				return fmt.Errorf("pause the queue's writes: %w", err)
+			}
+			last := q.last(ctx)
 			queued, pending := q.upTo(ctx, last), q.pendingAll(ctx)
 			t0 := time.Now()
 			if err := p.srv.Kill(); err != nil {
