@@ -23,15 +23,18 @@ import (
 // the fault holds every replica's queue consumer at the hook before its
 // first write of the load's SKUs (its batch read, nothing written), while
 // the load goes on being answered 202: the stream fills. Once it holds
-// half the run's stock in entries (or the load is over), Redis is killed
-// and restarted, and the consumers are let go. The run's lost_accepted is
+// half the run's stock in entries (or the load is over), every write to
+// Redis is paused (CLIENT PAUSE WRITE) while the stream is counted, Redis
+// is killed and restarted, and the consumers are let go. The run's
+// lost_accepted is
 // then what the restart lost: the entries no consumer had read (the held
 // batches are written from the consumers' memory). Without persistence
 // the counters are gone too: the next accept seeds them again from MySQL,
 // before the held batches are written, so orders admitted beyond what
 // MySQL then holds are rejected after their 202 by a guard that checks,
-// oversold by guard none. The fault says what was queued at the restart,
-// and what the stream held after, in the run's events and notes.
+// and may be oversold by guard none. The fault says what was queued at
+// the restart, and what the stream held after, in the run's events and
+// notes.
 func QueueRedisRestart(fsync bool) loadtest.Fault {
 	type prepared struct {
 		hook *insideHook
@@ -119,7 +122,7 @@ func QueueRedisRestart(fsync bool) loadtest.Fault {
 			} else {
 				run.Notef("the queue's Redis restarted without persistence with %d accepted orders in its stream, %d of them unread: those are lost (lost_accepted; GET answers 404), the %d the consumers had read are written from their memory. "+
 					"Its counters came back empty and the next accept seeded them from MySQL before those %d were written, so they admit that many more than MySQL holds: a guard that checks rejects the orders beyond MySQL's stock after their 202, and each rejection gives its quantity back to the counter, which admits another, "+
-					"until the reconciler sets the counter to MySQL's stock once nothing is in flight (rejected_after_accept counts them all); guard none oversells them instead. The stock the lost orders had taken is sold again, or, if the load is over, left unsold (undersold)", queued, queued-pending, pending, pending)
+					"until the reconciler sets the counter to MySQL's stock once nothing is in flight (rejected_after_accept counts them all); guard none, whose decrement has no condition, can oversell them instead. The stock the lost orders had taken is sold again, or, if the load is over, left unsold (undersold)", queued, queued-pending, pending, pending)
 			}
 			return nil
 		},
