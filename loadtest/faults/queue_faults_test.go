@@ -4,6 +4,7 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/oversold-lab/oversold/loadtest"
 )
@@ -42,7 +43,9 @@ var restartQueued = regexp.MustCompile(`with (\d+) accepted orders not settled i
 func TestQueueRedisRestart(t *testing.T) {
 	for _, fault := range []string{"queue-redis-restart", "queue-redis-restart-fsync"} {
 		t.Run(fault, func(t *testing.T) {
-			r := runFault(t, queueSpec(fault, "atomic"))
+			// Lost orders are waited for the whole drain (90 s) before
+			// they are counted lost.
+			r := runFaultWithin(t, queueSpec(fault, "atomic"), 3*time.Minute)
 			assertFired(t, r)
 			accepted, rejected, lost, pending := queueFigures(t, r)
 			var queued, unread int
