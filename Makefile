@@ -46,6 +46,11 @@ FAULTS := --fault pause-holder,delayed-write,kill-holder,redis-restart,redis-fai
 	--repeat 5 --lock-ttl 1s --stock 20 --requests 60 --rate 200 --workers 16 --replicas 3
 GATE_FAULTS := --fault redis-restart,redis-failover,kill-holder,crash-after-commit --backends none --gates redis \
 	--stock 20 --requests 60 --rate 200 --workers 16 --replicas 3
+# The queue's faults add most of an hour: each queue-redis-restart run waits
+# out the 90 s drain for the orders it lost, each queue-consumer-kill run the
+# 35 s claim bound.
+QUEUE_FAULTS := --fault queue-consumer-kill,queue-redis-restart,queue-redis-restart-fsync,mysql-connection-kill \
+	--backends none --gates redis --accept queue --stock 20 --requests 60 --rate 200 --workers 16 --replicas 3
 results-labs: deps
 	$(GO) run ./cmd/lab --out $(LABS)/default
 	$(GO) run ./cmd/lab --out $(LABS)/sweep --sweep --backends none,redis,redlock,zookeeper,mysql,etcd \
@@ -60,11 +65,13 @@ results-labs: deps
 	$(GO) run ./cmd/lab --out $(LABS)/gate-faults-trusting $(GATE_FAULTS) --guards none --repeat 5
 	$(GO) run ./cmd/lab --out $(LABS)/queue --backends none --guards atomic --accept sync,queue \
 		--stock 3000 --requests 4000 --rate 4000 --workers 64 --repeat 2
+	$(GO) run ./cmd/lab --out $(LABS)/queue-faults $(QUEUE_FAULTS) --guards atomic --repeat 20
+	$(GO) run ./cmd/lab --out $(LABS)/queue-faults-trusting $(QUEUE_FAULTS) --guards none --repeat 5
 	$(GO) run ./cmd/results -import default=$(LABS)/default
 	$(GO) run ./cmd/results -import sweep=$(LABS)/sweep
 	$(GO) run ./cmd/results -import faults=$(LABS)/faults
 	$(GO) run ./cmd/results -import gate=$(LABS)/gate-sweep,$(LABS)/gate-sellout,$(LABS)/gate-faults,$(LABS)/gate-faults-version,$(LABS)/gate-faults-trusting
-	$(GO) run ./cmd/results -import queue=$(LABS)/queue
+	$(GO) run ./cmd/results -import queue=$(LABS)/queue,$(LABS)/queue-faults,$(LABS)/queue-faults-trusting
 
 vet:
 	$(GO) vet ./...

@@ -110,6 +110,25 @@ func drainQueue(ctx context.Context, db *sql.DB, urls []string, accepted []Accep
 	return outcomes, nil
 }
 
+// drainFaultQueue drains the fault's own 202s (Run.AcceptedQueued), on its
+// SKU, and adds only what went wrong with them to res, as addFaultSKU does:
+// the run's accepted and confirm figures stay the load's.
+func (res *Result) drainFaultQueue(ctx context.Context, db *sql.DB, urls []string, accepted []Accepted) error {
+	if len(accepted) == 0 {
+		return nil
+	}
+	var own Result
+	if _, err := drainQueue(ctx, db, urls, accepted, queueDrainBound, &own); err != nil {
+		return err
+	}
+	*res.LostAccepted += *own.LostAccepted
+	*res.PendingLeft += *own.PendingLeft
+	for _, n := range own.Notes {
+		res.Notes = append(res.Notes, "the fault's own orders: "+n)
+	}
+	return nil
+}
+
 // readOutcomes adds the outcomes MySQL holds for ids to out. settled_at is
 // read as microseconds since the epoch of its UTC value, whatever the
 // session's time zone.

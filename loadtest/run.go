@@ -127,6 +127,8 @@ type Run struct {
 	violations []string
 	disrupted  []disruption
 	acked      []string
+	accepted   []Accepted // the fault's own orders answered 202 (accept queue)
+	notes      []string
 	fired      bool
 	recovered  time.Duration // the longest the fault measured itself
 }
@@ -193,6 +195,22 @@ func (r *Run) Acked(ids ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.acked = append(r.acked, ids...)
+}
+
+// AcceptedQueued adds an order the fault itself placed and saw answered
+// 202 (accept queue) to those the queue's drain expects in MySQL.
+func (r *Run) AcceptedQueued(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.accepted = append(r.accepted, Accepted{ID: id, At: time.Now()})
+}
+
+// Notef adds a note to the run's result: what the fault did that explains
+// its figures (what a restart lost, say).
+func (r *Run) Notef(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.notes = append(r.notes, fmt.Sprintf(format, args...))
 }
 
 // AckedHold adds a reservation the fault itself held and saw acknowledged
@@ -423,6 +441,12 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 			return err
 		}
 		queueTimeline(firstSent(atk.Answers), atk.Accepted, outcomes, samples, res)
+		run.mu.Lock()
+		own := slices.Clone(run.accepted)
+		run.mu.Unlock()
+		if err := res.drainFaultQueue(ctx, rn.DB, urls, own); err != nil {
+			return err
+		}
 	}
 
 	var leases []LeaseRecord
@@ -469,6 +493,7 @@ func (rn *Runner) run(ctx context.Context, n int64, spec Spec, res *Result, prog
 	faultAcked := slices.Clone(run.acked)
 	events := slices.Clone(run.events)
 	res.Violations = slices.Clone(run.violations)
+	res.Notes = append(res.Notes, run.notes...)
 	fired, recovered := run.fired, run.recovered
 	run.mu.Unlock()
 	for _, e := range events {

@@ -659,9 +659,55 @@ func queueRow(ev Evidence) string {
 	accepted := mean(runs, func(r Run) float64 { return float64(*r.Accepted) / r.DurationS })
 	confirm := mean(runs, func(r Run) float64 { return r.ConfirmMS.P99 })
 	return fmt.Sprintf("| Accept now, write later: 202 once the gate took the stock, a consumer writes MySQL | `%s/%s+gate+queue` | "+
-		"no fault runs yet; without faults %d lost and %d pending of %d runs' 202s | %.0f accepted (202s), p99 %.0f ms; the outcome's p99 %.0f ms after the 202 | "+
+		"%s; without faults %d lost and %d pending of %d runs' 202s | %.0f accepted (202s), p99 %.0f ms; the outcome's p99 %.0f ms after the 202 | "+
 		"one Redis holding the gate and the stream (`appendfsync always` to keep what it accepted through a crash), MySQL |\n",
-		r.Backend, r.Guard, lost, pending, len(runs), accepted, mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }), confirm)
+		r.Backend, r.Guard, queueFaults(ev, r.Backend, r.Guard), lost, pending, len(runs), accepted, mean(runs, func(r Run) float64 { return r.LatencyMS.P99 }), confirm)
+}
+
+// queueFaults says, per fault, how many of the queue's fault runs of
+// backend/guard were safe, and what the others lost: accepted orders lost
+// or left pending, oversold, duplicates.
+func queueFaults(ev Evidence, backend, guard string) string {
+	faults := filter(ev.Queue, func(r Run) bool {
+		return r.Accept == "queue" && r.Fault != "" && r.Backend == backend && r.Guard == guard && r.Error == "" && !r.NotApplicable && r.Accepted != nil
+	})
+	if len(faults) == 0 {
+		return "no fault runs yet"
+	}
+	var parts []string
+	for _, f := range faultNames(faults) {
+		runs := filter(faults, func(r Run) bool { return r.Fault == f })
+		safe, accepted, lost, pending, oversold, dup := 0, 0, 0, 0, 0, 0
+		for _, r := range runs {
+			if r.Safe {
+				safe++
+			}
+			accepted += *r.Accepted
+			lost += deref(r.LostAccepted)
+			pending += deref(r.PendingLeft)
+			oversold += r.Oversold
+			dup += r.Duplicates
+		}
+		s := fmt.Sprintf("%s safe %d/%d", f, safe, len(runs))
+		var bad []string
+		if lost > 0 {
+			bad = append(bad, fmt.Sprintf("**%d lost** of %d 202s", lost, accepted))
+		}
+		if pending > 0 {
+			bad = append(bad, fmt.Sprintf("**%d pending**", pending))
+		}
+		if oversold > 0 {
+			bad = append(bad, fmt.Sprintf("**%d oversold**", oversold))
+		}
+		if dup > 0 {
+			bad = append(bad, fmt.Sprintf("**%d duplicates**", dup))
+		}
+		if len(bad) > 0 {
+			s += ": " + strings.Join(bad, ", ")
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // queueNote says where the queue's row comes from and how it compares

@@ -178,6 +178,9 @@ func (d *driver) wait(ctx context.Context, s *sent, limit time.Duration) placed 
 	case p.status == http.StatusCreated || p.status == http.StatusOK:
 		d.run.Acked(p.id)
 		d.run.Eventf("order %s on %s answered %d (order %s)", s.Key, s.Replica, p.status, p.id)
+	case p.status == http.StatusAccepted: // accept queue: the drain checks it is written
+		d.run.AcceptedQueued(p.id)
+		d.run.Eventf("order %s on %s answered 202 (order %s, pending)", s.Key, s.Replica, p.id)
 	case p.status != 0:
 		d.run.Eventf("order %s on %s answered %d %s", s.Key, s.Replica, p.status, p.code)
 	default:
@@ -305,6 +308,48 @@ func (d *driver) enterBatch(ctx context.Context, r *loadtest.Replica, point, nam
 		}
 	}
 	return c, at, batch
+}
+
+// enterQueued is enterBatch for accept queue: name and batchOrders-1 more
+// orders are sent to replica r and answered 202 at once; whichever
+// replica's consumer reads them writes them later, and the first write of
+// the fault's SKU to reach point after they were sent, on any replica, is
+// caught. It may hold an earlier round's order first (the hook names a
+// batch by its first order), which the fault's 202s need written all the
+// same. d.close waits for every order's 202, which the run's drain then
+// follows to its outcome. A nil call means no write reached point in
+// time, as enter.
+func (d *driver) enterQueued(ctx context.Context, r *loadtest.Replica, point, name string) (c *hookCall, batch []*sent) {
+	names := make([]string, batchOrders)
+	for i := range batchOrders {
+		names[i] = name
+		if i > 0 {
+			names[i] = fmt.Sprintf("%s-%d", name, i+1)
+		}
+	}
+	caught := d.hook.expect(func(c *hookCall) bool { return c.At == point && c.SKU == d.run.FaultSKU })
+	for _, n := range names {
+		batch = append(batch, d.send(ctx, r, n))
+	}
+	d.later = append(d.later, batch...)
+	// The 202s come first: only a consumer's write reaches point.
+	t := time.NewTimer(2 * lockWait)
+	defer t.Stop()
+	select {
+	case c = <-caught:
+		return c, batch
+	case <-t.C:
+		notFired(d.run, fmt.Errorf("no consumer wrote the orders %s.. sent to %s within %s", name, r.Name, 2*lockWait))
+	case <-ctx.Done():
+		notFired(d.run, ctx.Err())
+	}
+	d.hook.forget(caught)
+	select { // taken meanwhile: let it go
+	case c := <-caught:
+		c.Answer()
+	default:
+	}
+	return nil, batch
 }
 
 // byKey matches the call of the order with key at hook point point.

@@ -15,6 +15,10 @@ func All() map[string]loadtest.Fault {
 		"mysql-connection-kill": MySQLConnectionKill(),
 		"crash-after-commit":    CrashAfterCommit(),
 		"queue-consumer-kill":   QueueConsumerKill(),
+		// The accept queue's Redis restarted, without persistence and
+		// with every write fsynced (--accept queue).
+		"queue-redis-restart":       QueueRedisRestart(false),
+		"queue-redis-restart-fsync": QueueRedisRestart(true),
 		// Server and network faults.
 		"slow-lock-server":             SlowLockServer(),
 		"delayed-write":                DelayedWrite(),

@@ -129,6 +129,19 @@ func (h *insideHook) expect(match func(*hookCall) bool) <-chan *hookCall {
 	return x.ch
 }
 
+// forget removes the waiter of ch, if no call took it yet: a fault that
+// gave up on a call must not hold a later one.
+func (h *insideHook) forget(ch <-chan *hookCall) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, x := range h.waiters {
+		if x.ch == ch {
+			h.waiters = append(h.waiters[:i], h.waiters[i+1:]...)
+			return
+		}
+	}
+}
+
 // expected removes and returns the first waiter that accepts c, if any.
 func (h *insideHook) expected(c *hookCall) *waiter {
 	h.mu.Lock()

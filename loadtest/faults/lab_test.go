@@ -136,8 +136,14 @@ func short(fault, backend, guard string) loadtest.Spec {
 // runFault runs spec on a lab of its own and logs what happened.
 func runFault(t *testing.T, spec loadtest.Spec) loadtest.Result {
 	t.Helper()
+	return runFaultWithin(t, spec, 2*time.Minute)
+}
+
+// runFaultWithin is runFault bounded by limit.
+func runFaultWithin(t *testing.T, spec loadtest.Spec, limit time.Duration) loadtest.Result {
+	t.Helper()
 	rn := lab(t, spec.Backend)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), limit)
 	defer cancel()
 	t0 := time.Now()
 	res := rn.Run(ctx, spec, nil)

@@ -30,6 +30,13 @@ const innodbTrxRefresh = 150 * time.Millisecond
 // back: no partial order (a stock write without its order, or the
 // reverse), and since the client got no 201 for it, no acknowledged order
 // is lost.
+//
+// With --accept queue the orders are answered 202 before any write: the
+// transaction struck is a queue consumer's batch (any replica's, the
+// first to write the fault's orders), whose failed COMMIT leaves its
+// entries unacknowledged; the consumer writes them again (or another
+// claims them), so each 202 must still end confirmed or rejected, once:
+// the run's lost_accepted, pending_left and duplicates say whether it did.
 func MySQLConnectionKill() loadtest.Fault {
 	return scenario[struct{}]{
 		Replicas: oneReplica,
@@ -47,7 +54,17 @@ func MySQLConnectionKill() loadtest.Fault {
 			for i := range connectionKills {
 				r := run.Fleet.Replicas[(first+i)%len(run.Fleet.Replicas)]
 				name := fmt.Sprintf("killed-conn-%d", i+1)
-				c, o, _ := d.enterBatch(ctx, r, atBeforeCommit, name)
+				var c *hookCall
+				var o *sent
+				if run.Spec.Accept == "queue" {
+					// The orders are answered 202 by r and written by a
+					// consumer (any replica's): its batch is struck.
+					var batch []*sent
+					c, batch = d.enterQueued(ctx, r, atBeforeCommit, name)
+					o = batch[0]
+				} else {
+					c, o, _ = d.enterBatch(ctx, r, atBeforeCommit, name)
+				}
 				if c == nil {
 					continue
 				}
