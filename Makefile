@@ -63,8 +63,8 @@ results-labs: deps
 	$(GO) run ./cmd/lab --out $(LABS)/gate-faults $(GATE_FAULTS) --guards atomic --repeat 20
 	$(GO) run ./cmd/lab --out $(LABS)/gate-faults-version $(GATE_FAULTS) --guards version --repeat 20
 	$(GO) run ./cmd/lab --out $(LABS)/gate-faults-trusting $(GATE_FAULTS) --guards none --repeat 5
-	$(GO) run ./cmd/lab --out $(LABS)/queue --backends none --guards atomic --accept sync,queue \
-		--stock 3000 --requests 4000 --rate 4000 --workers 64 --repeat 2
+	$(GO) run ./cmd/lab --out $(LABS)/queue --sweep --backends none --guards atomic --gates none,redis --accept sync,queue \
+		--replicas 3 --skus 1 --requests 4000 --repeat 3
 	$(GO) run ./cmd/lab --out $(LABS)/queue-faults $(QUEUE_FAULTS) --guards atomic --repeat 20
 	$(GO) run ./cmd/lab --out $(LABS)/queue-faults-trusting $(QUEUE_FAULTS) --guards none --repeat 5
 	$(GO) run ./cmd/results -import default=$(LABS)/default

@@ -711,19 +711,35 @@ func queueFaults(ev Evidence, backend, guard string) string {
 }
 
 // queueNote says where the queue's row comes from and how it compares
-// with the same lab's synchronous orders.
+// with the same lab's synchronous orders and, when the lab measured one,
+// its ceiling.
 func queueNote(ev Evidence) string {
 	runs := queueRuns(ev)
-	sync := filter(ev.Queue, func(r Run) bool { return r.Accept == "" && r.Gate == "" && r.Fault == "" && r.Error == "" })
+	sync := filter(ev.Queue, func(r Run) bool {
+		return r.Accept == "" && r.Gate == "" && r.Fault == "" && r.Error == "" && r.Workload == ""
+	})
 	if len(runs) == 0 || len(sync) == 0 {
 		return ""
 	}
 	accepted := mean(runs, func(r Run) float64 { return float64(*r.Accepted) / r.DurationS })
 	created := mean(sync, func(r Run) float64 { return r.OrdersRPS })
-	return fmt.Sprintf("*The queue's row* ([queue.json](docs/results/queue.json)): %d orders for stock %d at %d/s offered, means of %d runs; "+
-		"202s per second %.2fx the 201s of `%s` in the same lab; the outcome's wait grows with the backlog a customer is behind.\n",
-		runs[0].Requests, runs[0].InitialStock, runs[0].Rate, len(runs), accepted/created, sync[0].Name())
+	offered := fmt.Sprintf("at %d/s offered", runs[0].Rate)
+	if runs[0].Rate >= unpaced {
+		offered = fmt.Sprintf("as fast as %d clients allow (unpaced)", runs[0].Workers)
+	}
+	s := fmt.Sprintf("*The queue's row* ([queue.json](docs/results/queue.json)): %d orders for stock %d %s, means of %d runs; "+
+		"202s per second %.2fx the 201s of `%s` in the same lab",
+		runs[0].Requests, runs[0].InitialStock, offered, len(runs), accepted/created, sync[0].Name())
+	ceiling := filter(ev.Queue, func(r Run) bool { return r.Workload == "ceiling" && r.Error == "" })
+	if top := mean(ceiling, func(r Run) float64 { return r.ThroughputRPS }); top > 0 {
+		s += fmt.Sprintf(" and %.2f of its ceiling (%.0f answers/s)", accepted/top, top)
+	}
+	return s + "; the outcome's wait grows with the backlog a customer is behind.\n"
 }
+
+// unpaced is the rate the lab's sweep offers (loadtest.SweepRate): as
+// fast as the clients allow.
+const unpaced = 100000
 
 func deref(p *int) int {
 	if p == nil {

@@ -129,16 +129,17 @@ func TestGateRowsFromFixture(t *testing.T) {
 
 // TestQueueRowFromFixture: the queue's row comes from queue.json: 202s
 // per second (accepted over the run's duration), the outcome's p99, what
-// was lost or left pending, with and without faults, and the ratio to the
-// same lab's 201s.
+// was lost or left pending, with and without faults, and the ratios to the
+// same lab's 201s and ceiling.
 func TestQueueRowFromFixture(t *testing.T) {
 	choose := Blocks(fixture(t))["choose"]
 	for _, want := range []string{
 		// 3000/10 = 300 and 3000/6 = 500: 400 accepted/s; p99 (300+500)/2; outcome p99 (700+900)/2.
 		// The fault runs of none/atomic only (not guard none's), per fault.
 		"| `none/atomic+gate+queue` | queue-consumer-kill safe 1/1; queue-redis-restart safe 0/1: **7 lost** of 59 202s; without faults 1 lost and 2 pending of 2 runs' 202s | 400 accepted (202s), p99 400 ms; the outcome's p99 800 ms after the 202 |",
-		// 400 over the sync run's 200 orders/s.
-		"4000 orders for stock 3000 at 4000/s offered, means of 2 runs; 202s per second 2.00x the 201s of `none/atomic` in the same lab",
+		// 400 over the sync run's 200 orders/s (not the ceiling's, which
+		// orders nothing), and over the lab's ceiling, 1600.
+		"4000 orders for stock 3000 at 4000/s offered, means of 2 runs; 202s per second 2.00x the 201s of `none/atomic` in the same lab and 0.25 of its ceiling (1600 answers/s);",
 	} {
 		if !strings.Contains(choose, want) {
 			t.Errorf("the choose block lacks %q:\n%s", want, choose)
