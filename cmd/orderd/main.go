@@ -30,6 +30,7 @@ import (
 	"github.com/oversold-lab/oversold/inventory"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/backends"
+	"github.com/oversold-lab/oversold/locking/redislock"
 	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
 )
@@ -113,6 +114,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer rdb.Close()
 	if err := rdb.Ping(start).Err(); err != nil {
 		return &configError{Var: "OVERSOLD_REDIS_ADDR", Err: fmt.Errorf("ping %s: %w", cfg.RedisAddr, err)}
+	}
+	if cfg.Gate == "redis" {
+		// An evicted counter would be seeded again without what is in
+		// flight, an evicted key set would answer a replay out_of_stock.
+		if err := redislock.CheckEviction(start, rdb); err != nil {
+			return &configError{Var: "OVERSOLD_REDIS_ADDR", Err: fmt.Errorf("stock gate: %w", err)}
+		}
 	}
 
 	metrics := order.NewMetrics(cfg.Instance, cfg.Lock, cfg.Guard)

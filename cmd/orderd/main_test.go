@@ -67,6 +67,31 @@ func TestUnreachableServers(t *testing.T) {
 	}
 }
 
+// A stock gate on a Redis that may evict keys would lose a counter or the
+// keys it remembers under memory pressure: orderd refuses to start,
+// naming the setting and the fix. Without the gate, the cache alone may
+// be evicted.
+func TestGateRefusesEvictingRedis(t *testing.T) {
+	t.Parallel()
+	if cmd := testbed.Missing(testbed.KindRedis); cmd != "" {
+		t.Skip(cmd)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	evicting, err := testbed.StartRedis(ctx, testbed.Options{Args: []string{"--maxmemory-policy", "allkeys-lru"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { evicting.Stop() })
+	vars := env("OVERSOLD_MYSQL_DSN", testbed.MySQL(t), "OVERSOLD_REDIS_ADDR", evicting.Addr, "OVERSOLD_LOCK", "none",
+		"OVERSOLD_GUARD", "atomic", "OVERSOLD_GATE", "redis", "OVERSOLD_ADDR", "127.0.0.1:0", "OVERSOLD_INSTANCE", "evict")
+	err = run(ctx, nil, vars, io.Discard)
+	want := "OVERSOLD_REDIS_ADDR: stock gate: redis has maxmemory-policy allkeys-lru"
+	if err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "noeviction") || exitCode(err) != 2 {
+		t.Errorf("run = %v (exit %d), want %q... naming noeviction, and exit 2", err, exitCode(err), want)
+	}
+}
+
 // orderdBinary builds the real binary into the test's temp dir, with
 // the go build flags given (such as -tags labfaults).
 func orderdBinary(t *testing.T, flags ...string) string {

@@ -36,7 +36,7 @@ func checkEviction(ctx context.Context, c redis.Cmdable, addr string) error {
 			if addr != "" {
 				addr = " " + addr
 			}
-			return fmt.Errorf("redis%s has maxmemory-policy %s, which can evict a held lock or its fence counter: set maxmemory-policy noeviction (redis.conf, or CONFIG SET maxmemory-policy noeviction)", addr, policy)
+			return fmt.Errorf("redis%s has maxmemory-policy %s, which can evict keys that must not vanish: set maxmemory-policy noeviction (redis.conf, or CONFIG SET maxmemory-policy noeviction)", addr, policy)
 		}
 	}
 	return fmt.Errorf("redis%s: INFO memory has no maxmemory_policy", addr)
