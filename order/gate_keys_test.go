@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -303,4 +304,48 @@ func (f *fixture) ageGateKeys() {
 	if err := rdb.Set(ctx, keys[0], flag[:i+1]+"1", 0).Err(); err != nil {
 		f.t.Fatal(err)
 	}
+}
+
+// A PUT resets the gate's key set with the counter: loaded again, it
+// holds MySQL's keys, not those of takes given back.
+func TestGatePutResetsKeySet(t *testing.T) {
+	f := newFixture(t)
+	const sku = "gate-put-keys"
+	f.stock(sku, 2)
+	svc := f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: f.gate()})
+	h := svc.Handler()
+	if rec := post(h, sku, 1, "Idempotency-Key", "k1"); rec.Code != http.StatusCreated {
+		t.Fatalf("order k1: %d %s", rec.Code, rec.Body)
+	}
+	f.stock(sku, 0) // MySQL sold out behind the gate's back: k2 is taken, then given back
+	wantCode(t, post(h, sku, 1, "Idempotency-Key", "k2"), http.StatusConflict, "out_of_stock")
+	members := func() []string {
+		t.Helper()
+		rdb := redis.NewClient(&redis.Options{Addr: f.redis})
+		defer rdb.Close()
+		ctx := context.WithoutCancel(t.Context())
+		keys, err := rdb.Keys(ctx, f.prefix+"*:keys").Result()
+		if err != nil || len(keys) != 1 {
+			t.Fatalf("key set: %v %v", keys, err)
+		}
+		m, err := rdb.SMembers(ctx, keys[0]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(m)
+		return m
+	}
+	if m := members(); !slices.Equal(m, []string{"k1", "k2"}) {
+		t.Fatalf("key set before the PUT: %v, want k1 k2", m)
+	}
+	if _, err := svc.SetStock(t.Context(), sku, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if m := members(); !slices.Equal(m, []string{"k1"}) {
+		t.Fatalf("key set after the PUT: %v, want k1 (MySQL's)", m)
+	}
+	if rec := post(h, sku, 1, "Idempotency-Key", "k1"); rec.Code != http.StatusOK {
+		t.Fatalf("replay of k1 after the PUT: %d %s, want 200", rec.Code, rec.Body)
+	}
+	wantCode(t, post(h, sku, 1, "Idempotency-Key", "k2"), http.StatusConflict, "out_of_stock")
 }
