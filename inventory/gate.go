@@ -31,7 +31,10 @@ import (
 // answered short with no MySQL query: the key cannot name anything. The
 // set and its flag live and die with the counters (one Redis, one hash
 // tag): a Redis that lost its data has neither, and the flag comes back
-// only from MySQL.
+// only from MySQL. A committed take's settle adds its key too, for a take
+// made before the set was lost; the flag names the Redis process it was
+// loaded on, since one restarted from its persistence may have lost keys
+// and kept it.
 
 //go:embed gate_take.lua
 var gateTakeLua string

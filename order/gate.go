@@ -44,9 +44,11 @@ import (
 // before) or ErrCheck (short, and its key set is not known to hold every
 // key MySQL does); the request then looks the key up, as a replay, and
 // takes again. A sold-out answer under a new key costs the script alone
-// once the set is complete (gateKeys: loaded from MySQL at a seed, a reset
-// or a check). The set is lost only with the counters, and a reseeded
-// gate loads it again, so a replay is never answered 409.
+// once the set is complete (gateKeys: loaded from MySQL at a seed, a reset,
+// a check or a sweeper pass). The set is lost only with the counters (or
+// emptied by a PUT), and loaded again; a take in flight across that adds
+// its key when it settles, or the second load a keysBound later does
+// (docs/design.md "The stock gate" says what window remains).
 
 // StockGate is the stock gate (inventory.Gate); nil in Config: no gate.
 type StockGate interface {
