@@ -31,7 +31,10 @@ import (
 // answered short with no MySQL query: the key cannot name anything. The
 // set and its flag live and die with the counters (one Redis, one hash
 // tag): a Redis that lost its data has neither, and the flag comes back
-// only from MySQL.
+// only from MySQL. A committed take's settle adds its key too, for a take
+// made before the set was lost; the flag names the Redis process it was
+// loaded on, since one restarted from its persistence may have lost keys
+// and kept it.
 
 //go:embed gate_take.lua
 var gateTakeLua string
@@ -113,10 +116,9 @@ func (g *Gate) due() string               { return g.prefix + "due" }
 func (g *Gate) skus() string              { return g.prefix + "skus" }
 func (g *Gate) keySet() string            { return g.prefix + "keys" }
 func (g *Gate) keysComplete() string      { return g.prefix + "keys:complete" }
-func (g *Gate) keysOrigin() string        { return g.prefix + "keys:origin" }
 
 func (g *Gate) keys(lines []Line) []string {
-	keys := []string{g.pending(), g.due()}
+	keys := []string{g.pending(), g.due(), g.keySet()}
 	for _, l := range lines {
 		keys = append(keys, g.counter(l.SKU))
 	}
@@ -196,12 +198,23 @@ func (g *Gate) Settle(ctx context.Context, p Pending, committed bool, lines []Li
 }
 
 func (g *Gate) settle(ctx context.Context, tag, mode, expect string, lines []Line) (bool, error) {
-	args := append([]any{tag, mode, expect}, quantities(lines)...)
+	args := append([]any{tag, mode, expect, tagKey(tag)}, quantities(lines)...)
 	n, err := gateSettle.Run(ctx, g.rdb, g.keys(lines), args...).Int64()
 	if err != nil {
 		return false, fmt.Errorf("gate %s: %w", mode, err)
 	}
 	return n == 1, nil
+}
+
+// tagKey is the Idempotency-Key a tag carries: a tag "<kind>:key:<key>"
+// (kind without a colon) was taken under key; any other under none.
+func tagKey(tag string) string {
+	if _, rest, ok := strings.Cut(tag, ":"); ok {
+		if key, ok := strings.CutPrefix(rest, "key:"); ok {
+			return key
+		}
+	}
+	return ""
 }
 
 // Seed sets the SKU's counter to MySQL's stock if it has none.
@@ -237,22 +250,27 @@ const keysChunk = 1000
 
 // CompleteKeys makes the gate's key set complete, unless it is already:
 // it adds every key load returns (all of MySQL's; ok false: too many to
-// hold, the set stays incomplete) and marks the set complete. A Redis that
-// lost its data meanwhile keeps none of it: load's read may miss a key
-// whose marker was lost. It reports whether the set is complete.
-func (g *Gate) CompleteKeys(ctx context.Context, load func(context.Context) (keys []string, ok bool, err error)) (bool, error) {
-	ks := []string{g.keySet(), g.keysComplete(), g.keysOrigin()}
-	runID, err := g.runID(ctx)
-	if err != nil {
-		return false, err
-	}
-	token, err := gateKeys.Run(ctx, g.rdb, ks, "begin", strconv.FormatInt(time.Now().UnixNano(), 36)).Text()
-	if err != nil || token == "1" {
+// hold, the set stays incomplete) and marks the set complete. A set found
+// incomplete (new, lost with its Redis's data, reset, or completed on
+// another Redis process, which may have lost the latest keys) is loaded
+// at once, and loaded once more by the first call bound after that load
+// began, by Redis's clock: a take made before, whose key the set lost, may
+// commit after the first load read MySQL (its settle adds the key, unless
+// its replica died first). A Redis that lost its data meanwhile, or
+// changed process, keeps none of a load. It reports whether the set is
+// complete.
+func (g *Gate) CompleteKeys(ctx context.Context, bound time.Duration, load func(context.Context) (keys []string, ok bool, err error)) (bool, error) {
+	ks := []string{g.keySet(), g.keysComplete()}
+	token, err := gateKeys.Run(ctx, g.rdb, ks, "begin", bound.Milliseconds()).Text()
+	if err != nil || token == "c" {
 		return err == nil, err
 	}
 	keys, ok, err := load(ctx)
-	if err != nil || !ok {
+	if err != nil {
 		return false, err
+	}
+	if !ok { // a complete set due to be loaded again is not complete any more
+		return false, gateKeys.Run(ctx, g.rdb, ks, "drop", token).Err()
 	}
 	for done := false; !done; {
 		n := min(len(keys), keysChunk)
@@ -260,7 +278,7 @@ func (g *Gate) CompleteKeys(ctx context.Context, load func(context.Context) (key
 		if done = n == len(keys); done {
 			mode = "done"
 		}
-		args := []any{mode, token, runID}
+		args := []any{mode, token}
 		for _, k := range keys[:n] {
 			args = append(args, k)
 		}
@@ -273,44 +291,11 @@ func (g *Gate) CompleteKeys(ctx context.Context, load func(context.Context) (key
 	return true, nil
 }
 
-// CheckKeys marks the key set incomplete if it was completed on another
-// Redis process than the one now serving it: a restart from persistence
-// or a promoted replica may have lost the latest keys with the latest
-// writes, and kept the flag. It reports whether it did. The sweeper runs
-// it every pass.
-func (g *Gate) CheckKeys(ctx context.Context) (bool, error) {
-	runID, err := g.runID(ctx)
-	if err != nil {
-		return false, err
-	}
-	ks := []string{g.keySet(), g.keysComplete(), g.keysOrigin()}
-	n, err := gateKeys.Run(ctx, g.rdb, ks, "origin", runID, "").Int64()
-	return n == 1, err
-}
-
-// runID is the run_id of the Redis process holding the gate's keys: on a
-// Redis Cluster, of the master of their slot.
-func (g *Gate) runID(ctx context.Context) (string, error) {
-	var node interface {
-		Info(ctx context.Context, section ...string) *redis.StringCmd
-	} = g.rdb
-	if cc, ok := g.rdb.(*redis.ClusterClient); ok {
-		m, err := cc.MasterForKey(ctx, g.keysComplete())
-		if err != nil {
-			return "", fmt.Errorf("gate keys' master: %w", err)
-		}
-		node = m
-	}
-	info, err := node.Info(ctx, "server").Result()
-	if err != nil {
-		return "", fmt.Errorf("gate redis info: %w", err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if id, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
-			return id, nil
-		}
-	}
-	return "", errors.New("gate redis info: no run_id")
+// ResetKeys empties the key set and marks it incomplete: the next
+// CompleteKeys loads it again from MySQL. A load under way adds nothing
+// more.
+func (g *Gate) ResetKeys(ctx context.Context) error {
+	return gateKeys.Run(ctx, g.rdb, []string{g.keySet(), g.keysComplete()}, "reset").Err()
 }
 
 // Counter reads the SKU's counter; ok is false when it has none.

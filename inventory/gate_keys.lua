@@ -1,43 +1,70 @@
 -- Load Idempotency-Keys MySQL holds into the gate's key set, and mark the
 -- set complete once all are in.
--- KEYS[1]: the key set; KEYS[2]: its completeness flag; KEYS[3]: the
--- run_id of the Redis process the set was completed on. ARGV[1]: mode;
--- ARGV[2]: the token (mode origin: the run_id now); ARGV[3]: the run_id
--- read before the load; ARGV[4..]: keys.
---   begin: the flag's value, set to the token if there was none. '1': the
---          set is complete already, load nothing.
---   add:   add the keys, if the flag still holds the token (the caller's
---          token was returned by begin). A flag gone since (the Redis lost
---          its data) means the caller's MySQL read may miss a key whose
---          marker was lost with it: nothing is added, 0 is returned.
---   done:  as add, then the flag says complete, on ARGV[3].
---   origin: the flag goes unless the set was completed on this process: a
---          Redis restarted from its persistence, or a replica promoted,
---          may have lost the latest keys with the latest writes. Returns
---          1 when it went.
-local flag = redis.call('GET', KEYS[2])
-if ARGV[1] == 'origin' then
-  if flag ~= '1' or redis.call('GET', KEYS[3]) == ARGV[2] then
-    return 0
-  end
-  redis.call('DEL', KEYS[2])
+-- KEYS[1]: the key set; KEYS[2]: its flag:
+--   'l:<run_id>:<us>': a load begun at Redis time us on the Redis process
+--                      run_id is under way;
+--   'c:<run_id>:<us>': complete, as loaded on run_id by the load begun at
+--                      us, and to be loaded once more once the bound has
+--                      passed since us: a take made before the set was
+--                      lost may commit after the first load read MySQL;
+--   'c:<run_id>:0':    complete, loaded again.
+-- ARGV[1]: mode; then:
+--   begin (ARGV[2]: the bound, ms): 'c' when complete on this process and
+--          not due to be loaded again; else the token to load under: the
+--          flag, or a new load's (no flag, or a flag of another process: a
+--          restart from its persistence or a promoted replica may have
+--          lost the latest keys and kept the flag).
+--   add (ARGV[2]: the token; ARGV[3..]: keys): add the keys, if the flag
+--          still holds the token, on this process (a Redis that lost its
+--          data, or another process, may lack keys the caller's MySQL read
+--          missed). Returns 0 when not, else 1.
+--   done:  as add, then the flag says complete (loaded again if the token
+--          was a complete one).
+--   drop (ARGV[2]: the token): the flag goes if it holds the token (the
+--          keys are too many to load). Returns 1 then.
+--   reset: the set and its flag go (a load under way adds nothing more).
+local mode, flag = ARGV[1], redis.call('GET', KEYS[2])
+if mode == 'reset' then
+  redis.call('DEL', KEYS[1], KEYS[2])
   return 1
 end
-if ARGV[1] == 'begin' then
-  if not flag then
-    redis.call('SET', KEYS[2], ARGV[2])
-    return ARGV[2]
+local id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local state, begun
+if flag then
+  local of
+  state, of, begun = string.match(flag, '^(%a):(%x+):(%d+)$')
+  if of ~= id then
+    state = nil
+  end
+end
+if mode == 'begin' then
+  if state == 'c' then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    if begun == '0' or now - tonumber(begun) < tonumber(ARGV[2]) * 1000 then
+      return 'c'
+    end
+  elseif state ~= 'l' then
+    local t = redis.call('TIME')
+    flag = 'l:' .. id .. ':' .. t[1] .. string.format('%06d', tonumber(t[2]))
+    redis.call('SET', KEYS[2], flag)
   end
   return flag
 end
-if flag ~= ARGV[2] then
+if not state or flag ~= ARGV[2] then
   return 0
 end
-for i = 4, #ARGV do
+if mode == 'drop' then
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+for i = 3, #ARGV do
   redis.call('SADD', KEYS[1], ARGV[i])
 end
-if ARGV[1] == 'done' then
-  redis.call('SET', KEYS[2], '1')
-  redis.call('SET', KEYS[3], ARGV[3])
+if mode == 'done' then
+  if state == 'c' then
+    begun = '0'
+  end
+  redis.call('SET', KEYS[2], 'c:' .. id .. ':' .. begun)
 end
 return 1

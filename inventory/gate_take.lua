@@ -2,8 +2,8 @@
 -- and record the take as pending until its order commits or is given back.
 -- KEYS[1]: the pending hash (tag -> entry); KEYS[2]: the due sorted set
 -- (tag -> deadline, ms); KEYS[3]: the set of Idempotency-Keys the gate has
--- taken for; KEYS[4]: its completeness flag ('1': every key MySQL holds is
--- in the set); KEYS[5]: the key's queued-order marker (KEYS[3] again when
+-- taken for; KEYS[4]: its flag ('c:<run_id>:...': every key MySQL holds is
+-- in the set, as loaded on the Redis process run_id; gate_keys.lua); KEYS[5]: the key's queued-order marker (KEYS[3] again when
 -- there is no key, or for an order); KEYS[6..]: each line's SKU counter
 -- hash (fields stock: what the gate still admits; held: taken and not yet
 -- settled; seq: bumped by every change, for the reconciler's
@@ -16,6 +16,13 @@
 -- {4}: the key is known (look it up in MySQL, then take again with
 -- ARGV[5] '1'); {5, i}: line i is short and the key may be in MySQL
 -- (look it up before answering short); {6}: the key names a queued order.
+
+-- The key set is complete, as loaded on this Redis process (gate_keys.lua).
+local function complete()
+  local flag = redis.call('GET', KEYS[4])
+  local prefix = 'c:' .. string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') .. ':'
+  return flag ~= false and string.sub(flag, 1, #prefix) == prefix
+end
 local key, unchecked = ARGV[4], ARGV[4] ~= '' and ARGV[5] == '0'
 if KEYS[5] ~= KEYS[3] and redis.call('EXISTS', KEYS[5]) == 1 then
   return {6}
@@ -32,7 +39,9 @@ for i = 6, #KEYS do
     return {2, i - 5}
   end
   if tonumber(stock) < tonumber(ARGV[i]) then
-    if unchecked and redis.call('GET', KEYS[4]) ~= '1' then
+    -- Complete on another process (restarted from its persistence, or a
+    -- promoted replica), the set may have lost the latest keys.
+    if unchecked and not complete() then
       return {5, i - 5}
     end
     return {3, i - 5}

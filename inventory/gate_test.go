@@ -3,6 +3,8 @@ package inventory_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -128,10 +130,10 @@ func TestGateKeys(t *testing.T) {
 	// MySQL holds m (taken for before the gate's Redis lost its data).
 	var loads int
 	load := func(context.Context) ([]string, bool, error) { loads++; return []string{"m"}, true, nil }
-	if ok, err := g.CompleteKeys(ctx, load); err != nil || !ok {
+	if ok, err := g.CompleteKeys(ctx, time.Hour, load); err != nil || !ok {
 		t.Fatalf("complete keys: %v %v", ok, err)
 	}
-	if ok, err := g.CompleteKeys(ctx, load); err != nil || !ok || loads != 1 {
+	if ok, err := g.CompleteKeys(ctx, time.Hour, load); err != nil || !ok || loads != 1 {
 		t.Fatalf("complete keys again: %v %v, %d loads, want 1", ok, err, loads)
 	}
 	for _, tc := range []struct {
@@ -147,7 +149,7 @@ func TestGateKeys(t *testing.T) {
 	if err := g2.Seed(ctx, "S", 0); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := g2.CompleteKeys(ctx, func(context.Context) ([]string, bool, error) { return nil, false, nil }); err != nil || ok {
+	if ok, err := g2.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) { return nil, false, nil }); err != nil || ok {
 		t.Fatalf("complete keys with too many: %v %v, want false", ok, err)
 	}
 	if err := g2.Take(ctx, "t", "e", time.Now(), inventory.TakeKey{Key: "x"}, lines); !errors.Is(err, inventory.ErrCheck) {
@@ -197,7 +199,7 @@ func TestGateKeys(t *testing.T) {
 	if err := take("order:key:b", inventory.TakeKey{Key: "b"}); !errors.Is(err, inventory.ErrCheck) {
 		t.Fatalf("reseeded gate, key b: %v, want ErrCheck", err)
 	}
-	ok, err := g.CompleteKeys(ctx, func(context.Context) ([]string, bool, error) {
+	ok, err := g.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) {
 		flush() // lost again while MySQL was read
 		if err := g.Seed(ctx, "S", 0); err != nil {
 			t.Fatal(err)
@@ -210,7 +212,7 @@ func TestGateKeys(t *testing.T) {
 	if err := take("order:key:b", inventory.TakeKey{Key: "b"}); !errors.Is(err, inventory.ErrCheck) {
 		t.Fatalf("after a load that raced a loss, key b: %v, want ErrCheck", err)
 	}
-	if ok, err := g.CompleteKeys(ctx, load); err != nil || !ok {
+	if ok, err := g.CompleteKeys(ctx, time.Hour, load); err != nil || !ok {
 		t.Fatalf("complete keys after the loss: %v %v", ok, err)
 	}
 	if err := take("order:key:m", inventory.TakeKey{Key: "m"}); !errors.Is(err, inventory.ErrKnown) {
@@ -220,19 +222,255 @@ func TestGateKeys(t *testing.T) {
 		t.Fatalf("reloaded set, key b: %v, want ErrShort", err)
 	}
 
-	// The set was completed on this Redis process: the check keeps it.
-	// Completed on another (a restart from persistence, a promoted
-	// replica, which may have lost the latest keys): it is dropped.
-	if dropped, err := g.CheckKeys(ctx); err != nil || dropped {
-		t.Fatalf("check on the same process: %v %v, want kept", dropped, err)
-	}
-	if err := rdb.Set(ctx, prefix+"{db:gate}:keys:origin", "another-process", 0).Err(); err != nil {
+	// A set completed on another Redis process (what a restart from its
+	// persistence, or a promoted replica, keeps: it may have lost the
+	// latest keys) is not trusted, and is loaded again.
+	if err := rdb.Set(ctx, prefix+"{db:gate}:keys:complete", "c:0123abcd:0", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if dropped, err := g.CheckKeys(ctx); err != nil || !dropped {
-		t.Fatalf("check after a change of process: %v %v, want dropped", dropped, err)
-	}
 	if err := take("order:key:b", inventory.TakeKey{Key: "b"}); !errors.Is(err, inventory.ErrCheck) {
-		t.Fatalf("dropped set, key b: %v, want ErrCheck", err)
+		t.Fatalf("set of another process, key b: %v, want ErrCheck", err)
+	}
+	loads = 0
+	if ok, err := g.CompleteKeys(ctx, time.Hour, load); err != nil || !ok || loads != 1 {
+		t.Fatalf("complete keys after a change of process: %v %v, %d loads, want 1", ok, err, loads)
+	}
+	if err := take("order:key:b", inventory.TakeKey{Key: "b"}); !errors.Is(err, inventory.ErrShort) {
+		t.Fatalf("loaded again, key b: %v, want ErrShort", err)
+	}
+}
+
+// A take made before the gate's Redis lost its data may commit after the
+// set was loaded again from MySQL: its settle adds its key (the flow's
+// done, a back-check's, the queue's), so its replay at sell-out is looked
+// up, not answered short. The load itself waits its bound after the set
+// was found incomplete, for the flows that die between commit and settle;
+// a set completed on another Redis process is not trusted by the take;
+// a reset empties the set.
+func TestGateKeysAfterLoss(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	prefix := testbed.Prefix(t) + ":"
+	g := inventory.NewGate(rdb, prefix, "db")
+	ctx := t.Context()
+	lines := []inventory.Line{{SKU: "S", Quantity: 1}}
+	none := func(context.Context) ([]string, bool, error) { return nil, true, nil }
+	take := func(key string) error {
+		return g.Take(ctx, "order:key:"+key, "e", time.Now().Add(time.Hour), inventory.TakeKey{Key: key}, lines)
+	}
+	flush := func() { // the gate's Redis loses its data; MySQL's stock is 1
+		t.Helper()
+		keys, err := rdb.Keys(ctx, prefix+"*").Result()
+		if err != nil || len(keys) == 0 {
+			t.Fatalf("gate keys: %v %v", keys, err)
+		}
+		if err := rdb.Del(ctx, keys...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Seed(ctx, "S", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	complete := func() {
+		t.Helper()
+		if ok, err := g.CompleteKeys(ctx, time.Hour, none); err != nil || !ok {
+			t.Fatalf("complete keys: %v %v", ok, err)
+		}
+	}
+	if err := g.Seed(ctx, "S", 1); err != nil {
+		t.Fatal(err)
+	}
+	complete()
+
+	// The flow's done, after a loss; a back-check's, after a reset of the
+	// set (a loss takes the pending take with it: no back-check sees it).
+	for _, c := range []struct {
+		lose   func()
+		settle func(key string) error
+	}{{flush, func(key string) error {
+		_, err := g.Done(ctx, "order:key:"+key, lines)
+		return err
+	}}, {func() {
+		if err := g.ResetKeys(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Reset(ctx, "S", 2); err != nil { // held 1, stock 1
+			t.Fatal(err)
+		}
+	}, func(key string) error {
+		_, err := g.Settle(ctx, inventory.Pending{Tag: "order:key:" + key, Entry: "e"}, true, lines)
+		return err
+	}}} {
+		key := "k" + strconv.Itoa(rand.Int())
+		if err := take(key); err != nil {
+			t.Fatal(err)
+		}
+		c.lose()
+		complete() // MySQL has no key yet
+		if err := take("new"); err != nil {
+			t.Fatal(err) // the last unit: sold out
+		}
+		if err := c.settle(key); err != nil { // the take before commits
+			t.Fatal(err)
+		}
+		if err := take(key); !errors.Is(err, inventory.ErrKnown) {
+			t.Fatalf("replay at sell-out of a key committed after the load: %v, want ErrKnown", err)
+		}
+		flush()
+		complete()
+	}
+
+	// The queue's settle, confirmed or rejected: MySQL holds the key.
+	q := g.Queue()
+	if err := g.Reset(ctx, "S", 2); err != nil {
+		t.Fatal(err)
+	}
+	var settled []inventory.Settled
+	for i, key := range []string{"q1", "q2"} {
+		o := inventory.Queued{ID: key, SKU: "S", Quantity: 1, Key: key}
+		if _, err := q.Accept(ctx, o, false); err != nil {
+			t.Fatal(err)
+		}
+		settled = append(settled, inventory.Settled{Delivery: inventory.Delivery{Entry: "0-1", Order: o}, Confirmed: i == 0})
+	}
+	flush()
+	complete()
+	if err := g.Reset(ctx, "S", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Settle(ctx, "S", settled, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"q1", "q2"} {
+		if _, err := q.Accept(ctx, inventory.Queued{ID: "x", SKU: "S", Quantity: 1, Key: key}, false); !errors.Is(err, inventory.ErrKnown) {
+			t.Fatalf("queued order %s settled after the load, accept again at sell-out: %v, want ErrKnown", key, err)
+		}
+	}
+
+	// The set is loaded once more, a flow's bound after it was found
+	// incomplete: a take before the loss whose replica died between its
+	// commit and its settle is in MySQL by then.
+	flush()
+	if err := take("new"); err != nil {
+		t.Fatal(err)
+	}
+	var loads int
+	mysql := []string{}
+	load := func(context.Context) ([]string, bool, error) { loads++; return mysql, true, nil }
+	completeWith := func(bound time.Duration, wantLoads int) {
+		t.Helper()
+		loads = 0
+		if ok, err := g.CompleteKeys(ctx, bound, load); err != nil || !ok || loads != wantLoads {
+			t.Fatalf("complete keys (bound %v): %v %v, %d loads, want %d", bound, ok, err, loads, wantLoads)
+		}
+	}
+	completeWith(time.Hour, 1)
+	mysql = []string{"died"} // committed now, never settled
+	completeWith(time.Hour, 0)
+	completeWith(0, 1) // the bound has passed: loaded again
+	if err := take("died"); !errors.Is(err, inventory.ErrKnown) {
+		t.Fatalf("replay at sell-out of a key committed after the first load: %v, want ErrKnown", err)
+	}
+	completeWith(0, 0) // once
+	if err := take("other"); !errors.Is(err, inventory.ErrShort) {
+		t.Fatalf("short under a new key, set complete: %v, want ErrShort", err)
+	}
+
+	// Completed on another process (a restart from persistence, a promoted
+	// replica: the latest keys may be lost): the take does not trust it,
+	// and the set is loaded again, and once more after the bound.
+	if err := rdb.Set(ctx, prefix+"{db:gate}:keys:complete", "c:0123abcd:0", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := take("other"); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("set completed on another process: %v, want ErrCheck", err)
+	}
+	completeWith(time.Hour, 1)
+	completeWith(0, 1)
+	completeWith(0, 0)
+
+	// Too many keys to load again: the set is not complete any more.
+	flush()
+	completeWith(time.Hour, 1)
+	if ok, err := g.CompleteKeys(ctx, 0, func(context.Context) ([]string, bool, error) { return nil, false, nil }); err != nil || ok {
+		t.Fatalf("load again with too many keys: %v %v, want incomplete", ok, err)
+	}
+	if err := take("new"); err != nil {
+		t.Fatal(err)
+	}
+	if err := take("other"); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("short, set not loaded again: %v, want ErrCheck", err)
+	}
+
+	// A reset empties the set: a key taken for and never committed is
+	// gone once the set is loaded again.
+	if err := g.Reset(ctx, "S", 5); err != nil { // takes in flight hold some
+		t.Fatal(err)
+	}
+	if err := take("z"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.GiveBack(ctx, "order:key:z", lines); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Reset(ctx, "S", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.ResetKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := take("z"); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("after a reset of the set: %v, want ErrCheck", err)
+	}
+	complete()
+	if err := take("z"); !errors.Is(err, inventory.ErrShort) {
+		t.Fatalf("reloaded set without z: %v, want ErrShort", err)
+	}
+	if n, err := rdb.SCard(ctx, prefix+"{db:gate}:keys").Result(); err != nil || n != 0 {
+		t.Fatalf("key set holds %d keys (%v), want 0", n, err)
+	}
+}
+
+// A Redis restarted from its persistence has lost the writes after its
+// last snapshot, the keys taken for then among them, and kept the set's
+// flag: a sold-out take under such a key is looked up (ErrCheck), from the
+// first request after the restart, not answered short.
+func TestGateKeysRestartFromPersistence(t *testing.T) {
+	srv, err := testbed.StartRedis(t.Context(), testbed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	g := inventory.NewGate(rdb, "", "db")
+	ctx := t.Context()
+	lines := []inventory.Line{{SKU: "S", Quantity: 1}}
+	take := func(key string) error {
+		return g.Take(ctx, "order:key:"+key, "e", time.Now().Add(time.Hour), inventory.TakeKey{Key: key}, lines)
+	}
+	if err := g.Seed(ctx, "S", 1); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := g.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) { return nil, true, nil }); err != nil || !ok {
+		t.Fatalf("complete keys: %v %v", ok, err)
+	}
+	if err := rdb.Save(ctx).Err(); err != nil { // the last snapshot
+		t.Fatal(err)
+	}
+	if err := take("late"); err != nil { // then committed in MySQL
+		t.Fatal(err)
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Reset(ctx, "S", 0); err != nil { // sold out
+		t.Fatal(err)
+	}
+	if err := take("late"); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("replay after a restart that lost its key: %v, want ErrCheck", err)
 	}
 }

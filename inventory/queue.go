@@ -216,21 +216,20 @@ func deliveries(msgs []redis.XMessage) []Delivery {
 // Settle settles orders of sku whose outcome MySQL holds: a confirmed
 // order's take is spent, a rejected one's quantity goes back to the
 // counter, once per order however often it is settled; each entry is
-// acknowledged and deleted, and the orders' key markers expire keep
-// later.
+// acknowledged and deleted, the orders' keys are added to the gate's key
+// set, and their markers expire keep later.
 func (q *Queue) Settle(ctx context.Context, sku string, settled []Settled, keep time.Duration) error {
-	keys := []string{q.stream(), q.queued(), q.g.counter(sku)}
+	keys := []string{q.stream(), q.queued(), q.g.counter(sku), q.g.keySet()}
 	args := []any{QueueGroup, keep.Milliseconds()}
 	for _, s := range settled {
-		mode, keyed := "back", 0
+		mode := "back"
 		if s.Confirmed {
 			mode = "done"
 		}
 		if s.Order.Key != "" {
-			keyed = 1
 			keys = append(keys, q.marker(s.Order.Key))
 		}
-		args = append(args, s.Entry, s.Order.ID, mode, s.Order.Quantity, keyed)
+		args = append(args, s.Entry, s.Order.ID, mode, s.Order.Quantity, s.Order.Key)
 	}
 	if err := queueSettle.Run(ctx, q.g.rdb, keys, args...).Err(); err != nil {
 		return fmt.Errorf("queue settle: %w", err)

@@ -12,6 +12,13 @@
 -- key is known to the gate (look it up in MySQL, then accept again with
 -- ARGV[4] '1'); {5, 1}: the key may be in MySQL (the key set is not
 -- complete): look it up first.
+
+-- The key set is complete, as loaded on this Redis process (gate_keys.lua).
+local function complete()
+  local flag = redis.call('GET', KEYS[5])
+  local prefix = 'c:' .. string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') .. ':'
+  return flag ~= false and string.sub(flag, 1, #prefix) == prefix
+end
 local unchecked = ARGV[3] ~= '' and ARGV[4] == '0'
 if ARGV[3] ~= '' then
   local prev = redis.call('GET', KEYS[3])
@@ -28,8 +35,9 @@ for i = 6, #KEYS do
   end
 end
 -- Unlike a sync order's flow, nothing after the accept looks for the key
--- before the answer: with an incomplete set, it is looked up first.
-if unchecked and redis.call('GET', KEYS[5]) ~= '1' then
+-- before the answer: with an incomplete set (or one complete on another
+-- Redis process: gate_take.lua), it is looked up first.
+if unchecked and not complete() then
   return {5, 1}
 end
 for i = 6, #KEYS do

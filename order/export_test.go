@@ -1,6 +1,9 @@
 package order
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Queued is how many orders wait in sku's queue on s: tests send orders
 // one after another once the one before has queued, so that they arrive
@@ -26,3 +29,7 @@ func GateBound(s *Service) time.Duration { return s.gateBound() }
 // Work is how long the business logic of a batch of n orders takes on s,
 // under a lock or without.
 func Work(s *Service, locked bool, n int) time.Duration { return s.work(locked, n) }
+
+// GateKeys is the sweeper's pass over the gate's key set: loaded if it is
+// incomplete, or due to be loaded again.
+func GateKeys(s *Service) { s.gateKeys(context.Background(), true) }

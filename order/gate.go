@@ -44,9 +44,11 @@ import (
 // before) or ErrCheck (short, and its key set is not known to hold every
 // key MySQL does); the request then looks the key up, as a replay, and
 // takes again. A sold-out answer under a new key costs the script alone
-// once the set is complete (gateKeys: loaded from MySQL at a seed, a reset
-// or a check). The set is lost only with the counters, and a reseeded
-// gate loads it again, so a replay is never answered 409.
+// once the set is complete (gateKeys: loaded from MySQL at a seed, a reset,
+// a check or a sweeper pass). The set is lost only with the counters (or
+// emptied by a PUT), and loaded again; a take in flight across that adds
+// its key when it settles, or the second load a keysBound later does
+// (docs/design.md "The stock gate" says what window remains).
 
 // StockGate is the stock gate (inventory.Gate); nil in Config: no gate.
 type StockGate interface {
@@ -60,8 +62,8 @@ type StockGate interface {
 	Counter(ctx context.Context, sku string) (inventory.Counter, bool, error)
 	Due(ctx context.Context, now time.Time, limit int) ([]inventory.Pending, error)
 	SKUs(ctx context.Context, n int) ([]string, error)
-	CompleteKeys(ctx context.Context, load func(context.Context) ([]string, bool, error)) (bool, error)
-	CheckKeys(ctx context.Context) (bool, error)
+	CompleteKeys(ctx context.Context, bound time.Duration, load func(context.Context) ([]string, bool, error)) (bool, error)
+	ResetKeys(ctx context.Context) error
 }
 
 const (
@@ -88,6 +90,19 @@ func (s *Service) gateBound() time.Duration {
 	return s.cfg.RequestTimeout + 2*writeTimeout + afterCommitTimeout
 }
 
+// keysBound is how long after the gate's key set was found incomplete
+// (lost with its Redis's data, reset, completed on another Redis process)
+// it is loaded again from MySQL: a take made before, whose key the set
+// lost, has committed by then or never will (inventory.Gate.CompleteKeys).
+// With the queue, a consumer holds a delivered order for one claim's idle
+// time.
+func (s *Service) keysBound() time.Duration {
+	if s.cfg.Queue != nil {
+		return max(s.gateBound(), s.claimIdle())
+	}
+	return s.gateBound()
+}
+
 // gateEntry is what a take records beside its tag: enough for a
 // back-check on any replica.
 type gateEntry struct {
@@ -98,7 +113,8 @@ type gateEntry struct {
 }
 
 // gateTag names a take: by its key when it has one (one take per key in
-// flight), else by its id.
+// flight), else by its id. A tag "<kind>:key:<key>" tells the gate's settle
+// the take's key (inventory.Gate.Done adds it to the key set).
 func gateTag(kind, key, id string) string {
 	if key != "" {
 		return kind + ":key:" + key
@@ -168,10 +184,11 @@ func (s *Service) gateSeed(ctx context.Context, lines []inventory.Line) error {
 }
 
 // gateKeys completes the gate's key set from MySQL, if it is not complete
-// (a new or reseeded gate) and no other request of this replica is
-// loading it. After a failed load (too many keys, or an error), a check
-// tries again only keysRetry later. A failure is not the request's: its
-// keys are then looked up in MySQL.
+// (a new or reseeded gate) or due to be loaded again (keysBound after it
+// was found incomplete), and no other request of this replica is loading
+// it. After a failed load (too many keys, or an error), a check tries
+// again only keysRetry later. A failure is not the request's: its keys
+// are then looked up in MySQL. The sweeper checks every pass.
 func (s *Service) gateKeys(ctx context.Context, check bool) {
 	if !s.keysLoad.TryLock() {
 		return
@@ -182,7 +199,7 @@ func (s *Service) gateKeys(ctx context.Context, check bool) {
 	}
 	gctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	defer cancel()
-	complete, err := s.cfg.Gate.CompleteKeys(gctx, func(ctx context.Context) ([]string, bool, error) {
+	complete, err := s.cfg.Gate.CompleteKeys(gctx, s.keysBound(), func(ctx context.Context) ([]string, bool, error) {
 		return s.store.IdempotencyKeys(ctx, maxGateKeys)
 	})
 	if err != nil || !complete {
@@ -338,21 +355,6 @@ func (s *Service) gateReturn(ctx context.Context, r storage.Reservation) {
 	if _, err := s.cfg.Gate.GiveBack(ctx, "", lines); err != nil {
 		s.log.Warn("gate give-back of a settled hold failed", "reservation_id", r.ID, "err", err)
 	}
-}
-
-// CheckKeys drops the gate's key set's completeness when its Redis may
-// have lost keys and kept the flag (inventory.Gate.CheckKeys): the next
-// short request under an unknown key reads MySQL and loads it again. Until
-// the sweeper's pass, such a replay could be answered 409.
-func (s *Service) CheckKeys(ctx context.Context) error {
-	if s.cfg.Gate == nil {
-		return nil
-	}
-	dropped, err := s.cfg.Gate.CheckKeys(ctx)
-	if dropped {
-		s.log.Warn("gate's Redis changed process: its key set is loaded again")
-	}
-	return err
 }
 
 // BackCheck settles the takes pending past their deadline at now against

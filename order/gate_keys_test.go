@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -235,4 +237,132 @@ func TestGateOrderUnderHoldKeySoldOut(t *testing.T) {
 	if rec.Code != http.StatusUnprocessableEntity || !strings.Contains(rec.Body.String(), "idempotency_key_reused") {
 		t.Errorf("an order under a hold's key, the gate short: %d %s, want 422 idempotency_key_reused", rec.Code, rec.Body)
 	}
+}
+
+// An order whose take came before the gate's Redis lost its data, and
+// whose commit comes after the reseeded gate loaded MySQL's keys, is
+// still replayed at sell-out (200, not 409): its settle adds its key to
+// the set, and if its replica died before settling, the set is loaded
+// again once a flow's bound has passed since the first load.
+func TestGateReplayOfOrderCommittedAcrossLoss(t *testing.T) {
+	for _, dies := range []bool{false, true} {
+		t.Run(map[bool]string{false: "settled", true: "replica-died"}[dies], func(t *testing.T) {
+			f := newFixture(t)
+			sku := "gate-loss-" + map[bool]string{false: "settled", true: "died"}[dies]
+			f.stock(sku, 2)
+			other := f.service(nil, order.Config{Instance: "other", Guard: storage.GuardAtomic, Gate: f.gate()})
+			h := other.Handler()
+			hook := func(_ context.Context, at order.HookPoint, _ order.HookInfo) {
+				switch {
+				case at == order.HookBeforeWrite:
+					// Taken: the gate's Redis loses everything; another
+					// replica reseeds it (MySQL's stock 2), loads MySQL's
+					// keys (k1 is not there yet) and sells one.
+					f.flushGate()
+					if rec := post(h, sku, 1, "Idempotency-Key", "k2"); rec.Code != http.StatusCreated {
+						t.Errorf("order k2 after the loss: %d %s", rec.Code, rec.Body)
+					}
+				case at == order.HookAfterCommit && dies:
+					runtime.Goexit()
+				}
+			}
+			first := f.service(nil, order.Config{Instance: "first", Guard: storage.GuardAtomic, Gate: f.gate(), Observers: faultHook(hook)})
+			var id string
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				o, _, err := first.Place(t.Context(), order.Request{SKU: sku, Quantity: 1, Key: "k1"})
+				if err != nil {
+					t.Errorf("order k1: %v", err)
+				}
+				id = o.ID
+			}()
+			<-done
+			if a := f.audit(sku); a.Stock != 0 {
+				t.Fatalf("MySQL stock %d, want 0 (k1 and k2 committed)", a.Stock)
+			}
+			if dies {
+				// Its take is lost and never settled: the counter admits
+				// one MySQL does not hold until the reconciler.
+				if err := other.Reconcile(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				f.ageGateKeys()
+				order.GateKeys(other) // the sweeper's next pass
+			}
+			if c := f.counter(sku); c.Stock != 0 || c.Held != 0 {
+				t.Fatalf("gate counter %+v, want sold out", c)
+			}
+			rec := post(h, sku, 1, "Idempotency-Key", "k1")
+			if rec.Code != http.StatusOK || (id != "" && decodeOrder(t, rec).ID != id) {
+				t.Fatalf("replay of k1 at sell-out: %d %s, want 200 with its order", rec.Code, rec.Body)
+			}
+			wantCode(t, post(h, sku, 1, "Idempotency-Key", "k3"), http.StatusConflict, "out_of_stock")
+		})
+	}
+}
+
+// ageGateKeys makes the gate's key set's first load look a flow's bound
+// old, as the sweeper finds it that long after.
+func (f *fixture) ageGateKeys() {
+	f.t.Helper()
+	ctx := context.WithoutCancel(f.t.Context())
+	rdb := redis.NewClient(&redis.Options{Addr: f.redis})
+	defer rdb.Close()
+	keys, err := rdb.Keys(ctx, f.prefix+"*keys:complete").Result()
+	if err != nil || len(keys) != 1 {
+		f.t.Fatalf("key set flag: %v %v", keys, err)
+	}
+	flag, err := rdb.Get(ctx, keys[0]).Result()
+	i := strings.LastIndexByte(flag, ':')
+	if err != nil || !strings.HasPrefix(flag, "c:") || i < 0 {
+		f.t.Fatalf("key set flag %q (%v), want complete", flag, err)
+	}
+	if err := rdb.Set(ctx, keys[0], flag[:i+1]+"1", 0).Err(); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// A PUT resets the gate's key set with the counter: loaded again, it
+// holds MySQL's keys, not those of takes given back.
+func TestGatePutResetsKeySet(t *testing.T) {
+	f := newFixture(t)
+	const sku = "gate-put-keys"
+	f.stock(sku, 2)
+	svc := f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: f.gate()})
+	h := svc.Handler()
+	if rec := post(h, sku, 1, "Idempotency-Key", "k1"); rec.Code != http.StatusCreated {
+		t.Fatalf("order k1: %d %s", rec.Code, rec.Body)
+	}
+	f.stock(sku, 0) // MySQL sold out behind the gate's back: k2 is taken, then given back
+	wantCode(t, post(h, sku, 1, "Idempotency-Key", "k2"), http.StatusConflict, "out_of_stock")
+	members := func() []string {
+		t.Helper()
+		rdb := redis.NewClient(&redis.Options{Addr: f.redis})
+		defer rdb.Close()
+		ctx := context.WithoutCancel(t.Context())
+		keys, err := rdb.Keys(ctx, f.prefix+"*:keys").Result()
+		if err != nil || len(keys) != 1 {
+			t.Fatalf("key set: %v %v", keys, err)
+		}
+		m, err := rdb.SMembers(ctx, keys[0]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(m)
+		return m
+	}
+	if m := members(); !slices.Equal(m, []string{"k1", "k2"}) {
+		t.Fatalf("key set before the PUT: %v, want k1 k2", m)
+	}
+	if _, err := svc.SetStock(t.Context(), sku, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if m := members(); !slices.Equal(m, []string{"k1"}) {
+		t.Fatalf("key set after the PUT: %v, want k1 (MySQL's)", m)
+	}
+	if rec := post(h, sku, 1, "Idempotency-Key", "k1"); rec.Code != http.StatusOK {
+		t.Fatalf("replay of k1 after the PUT: %d %s, want 200", rec.Code, rec.Body)
+	}
+	wantCode(t, post(h, sku, 1, "Idempotency-Key", "k2"), http.StatusConflict, "out_of_stock")
 }

@@ -75,6 +75,11 @@ func (s *Service) SetStock(ctx context.Context, sku string, stock int64, ifVersi
 		if err := s.cfg.Gate.Reset(wctx, sku, item.Stock); err != nil {
 			s.log.Warn("gate reset failed", "sku", sku, "err", err)
 		}
+		// The key set restarts too: it grows by a key per keyed take, and
+		// holds after its load only what MySQL does.
+		if err := s.cfg.Gate.ResetKeys(wctx); err != nil {
+			s.log.Warn("gate key set reset failed", "err", err)
+		}
 		s.gateKeys(wctx, false)
 	}
 	s.log.Info("inventory set", "sku", sku, "stock", item.Stock, "version", item.Version)

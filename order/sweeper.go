@@ -69,8 +69,8 @@ func (s *Service) sweepLoop() {
 		if err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("gate reconcile failed", "err", err)
 		}
-		if err := s.CheckKeys(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("gate key check failed", "err", err)
+		if s.cfg.Gate != nil { // a key set due to be loaded again, or not trusted
+			s.gateKeys(ctx, true)
 		}
 		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("sweep failed", "err", err)
