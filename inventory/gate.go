@@ -33,8 +33,9 @@ import (
 // tag): a Redis that lost its data has neither, and the flag comes back
 // only from MySQL. A committed take's settle adds its key too, for a take
 // made before the set was lost; the flag names the Redis process it was
-// loaded on, since one restarted from its persistence may have lost keys
-// and kept it.
+// loaded on and its replication history (master_replid), since one
+// restarted from its persistence, or one that failed back after resyncing
+// from the replica promoted meanwhile, may have lost keys and kept it.
 
 //go:embed gate_take.lua
 var gateTakeLua string
