@@ -299,6 +299,13 @@ func (g *Gate) ResetKeys(ctx context.Context) error {
 	return gateKeys.Run(ctx, g.rdb, []string{g.keySet(), g.keysComplete()}, "reset").Err()
 }
 
+// ForgetKeys marks the key set incomplete and keeps its keys (those of
+// takes in flight among them): the next CompleteKeys loads it afresh from
+// MySQL, twice, as after a loss. A load under way adds nothing more.
+func (g *Gate) ForgetKeys(ctx context.Context) error {
+	return gateKeys.Run(ctx, g.rdb, []string{g.keySet(), g.keysComplete()}, "forget").Err()
+}
+
 // Counter reads the SKU's counter; ok is false when it has none.
 func (g *Gate) Counter(ctx context.Context, sku string) (c Counter, ok bool, err error) {
 	vals, err := g.rdb.HMGet(ctx, g.counter(sku), "stock", "held", "seq").Result()

@@ -24,9 +24,15 @@
 --   drop (ARGV[2]: the token): the flag goes if it holds the token (the
 --          keys are too many to load). Returns 1 then.
 --   reset: the set and its flag go (a load under way adds nothing more).
+--   forget: the flag goes, the keys stay (a load under way adds nothing
+--          more; the next begins afresh and is loaded twice).
 local mode, flag = ARGV[1], redis.call('GET', KEYS[2])
 if mode == 'reset' then
   redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
+end
+if mode == 'forget' then
+  redis.call('DEL', KEYS[2])
   return 1
 end
 -- A process that lost its role and took it back (a failback) may have
