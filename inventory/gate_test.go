@@ -555,4 +555,8 @@ func TestGateKeysFailback(t *testing.T) {
 	if err := take("lost"); !errors.Is(err, inventory.ErrCheck) {
 		t.Fatalf("replay after a failback that lost its key: %v, want ErrCheck", err)
 	}
+	// The queue's accept reads the flag as the take does.
+	if _, err := g.Queue().Accept(ctx, inventory.Queued{ID: "o1", SKU: "S", Quantity: 1, Key: "lost"}, false); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("queued replay after a failback that lost its key: %v, want ErrCheck", err)
+	}
 }
