@@ -33,8 +33,9 @@ import (
 // tag): a Redis that lost its data has neither, and the flag comes back
 // only from MySQL. A committed take's settle adds its key too, for a take
 // made before the set was lost; the flag names the Redis process it was
-// loaded on, since one restarted from its persistence may have lost keys
-// and kept it.
+// loaded on and its replication history (master_replid), since one
+// restarted from its persistence, or one that failed back after resyncing
+// from the replica promoted meanwhile, may have lost keys and kept it.
 
 //go:embed gate_take.lua
 var gateTakeLua string
@@ -296,6 +297,13 @@ func (g *Gate) CompleteKeys(ctx context.Context, bound time.Duration, load func(
 // more.
 func (g *Gate) ResetKeys(ctx context.Context) error {
 	return gateKeys.Run(ctx, g.rdb, []string{g.keySet(), g.keysComplete()}, "reset").Err()
+}
+
+// ForgetKeys marks the key set incomplete and keeps its keys (those of
+// takes in flight among them): the next CompleteKeys loads it afresh from
+// MySQL, twice, as after a loss. A load under way adds nothing more.
+func (g *Gate) ForgetKeys(ctx context.Context) error {
+	return gateKeys.Run(ctx, g.rdb, []string{g.keySet(), g.keysComplete()}, "forget").Err()
 }
 
 // Counter reads the SKU's counter; ok is false when it has none.

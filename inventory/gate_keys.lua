@@ -1,13 +1,14 @@
 -- Load Idempotency-Keys MySQL holds into the gate's key set, and mark the
 -- set complete once all are in.
 -- KEYS[1]: the key set; KEYS[2]: its flag:
---   'l:<run_id>:<us>': a load begun at Redis time us on the Redis process
---                      run_id is under way;
---   'c:<run_id>:<us>': complete, as loaded on run_id by the load begun at
+--   'l:<id>:<us>': a load begun at Redis time us on the Redis process
+--                  id is under way (id: its run_id, then its replication
+--                  history's, master_replid, which a promotion changes);
+--   'c:<id>:<us>': complete, as loaded on id by the load begun at
 --                      us, and to be loaded once more once the bound has
 --                      passed since us: a take made before the set was
 --                      lost may commit after the first load read MySQL;
---   'c:<run_id>:0':    complete, loaded again.
+--   'c:<id>:0':    complete, loaded again.
 -- ARGV[1]: mode; then:
 --   begin (ARGV[2]: the bound, ms): 'c' when complete on this process and
 --          not due to be loaded again; else the token to load under: the
@@ -23,12 +24,22 @@
 --   drop (ARGV[2]: the token): the flag goes if it holds the token (the
 --          keys are too many to load). Returns 1 then.
 --   reset: the set and its flag go (a load under way adds nothing more).
+--   forget: the flag goes, the keys stay (a load under way adds nothing
+--          more; the next begins afresh and is loaded twice).
 local mode, flag = ARGV[1], redis.call('GET', KEYS[2])
 if mode == 'reset' then
   redis.call('DEL', KEYS[1], KEYS[2])
   return 1
 end
-local id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+if mode == 'forget' then
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+-- A process that lost its role and took it back (a failback) may have
+-- resynced from the replica promoted meanwhile, losing keys, under the
+-- same run_id: its master_replid changed at each promotion.
+local id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') ..
+  string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
 local state, begun
 if flag then
   local of

@@ -2,8 +2,9 @@
 -- and record the take as pending until its order commits or is given back.
 -- KEYS[1]: the pending hash (tag -> entry); KEYS[2]: the due sorted set
 -- (tag -> deadline, ms); KEYS[3]: the set of Idempotency-Keys the gate has
--- taken for; KEYS[4]: its flag ('c:<run_id>:...': every key MySQL holds is
--- in the set, as loaded on the Redis process run_id; gate_keys.lua); KEYS[5]: the key's queued-order marker (KEYS[3] again when
+-- taken for; KEYS[4]: its flag ('c:<id>:...': every key MySQL holds is
+-- in the set, as loaded on the Redis process and replication history id;
+-- gate_keys.lua); KEYS[5]: the key's queued-order marker (KEYS[3] again when
 -- there is no key, or for an order); KEYS[6..]: each line's SKU counter
 -- hash (fields stock: what the gate still admits; held: taken and not yet
 -- settled; seq: bumped by every change, for the reconciler's
@@ -17,10 +18,12 @@
 -- ARGV[5] '1'); {5, i}: line i is short and the key may be in MySQL
 -- (look it up before answering short); {6}: the key names a queued order.
 
--- The key set is complete, as loaded on this Redis process (gate_keys.lua).
+-- The key set is complete, as loaded on this Redis process, in this
+-- replication history (gate_keys.lua).
 local function complete()
   local flag = redis.call('GET', KEYS[4])
-  local prefix = 'c:' .. string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') .. ':'
+  local prefix = 'c:' .. string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') ..
+    string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') .. ':'
   return flag ~= false and string.sub(flag, 1, #prefix) == prefix
 end
 local key, unchecked = ARGV[4], ARGV[4] ~= '' and ARGV[5] == '0'
@@ -40,7 +43,8 @@ for i = 6, #KEYS do
   end
   if tonumber(stock) < tonumber(ARGV[i]) then
     -- Complete on another process (restarted from its persistence, or a
-    -- promoted replica), the set may have lost the latest keys.
+    -- promoted replica) or history (a failback), the set may have lost
+    -- the latest keys.
     if unchecked and not complete() then
       return {5, i - 5}
     end

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net"
+	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -472,5 +475,88 @@ func TestGateKeysRestartFromPersistence(t *testing.T) {
 	}
 	if err := take("late"); !errors.Is(err, inventory.ErrCheck) {
 		t.Fatalf("replay after a restart that lost its key: %v, want ErrCheck", err)
+	}
+}
+
+// A Redis that lost its role without restarting (a partition, then a
+// failover), took under a key meanwhile, resynced from the promoted
+// replica (losing that key) and was promoted again keeps its run_id and
+// the set's flag: a sold-out take under the lost key is looked up
+// (ErrCheck), not answered short. Its replication history changed at the
+// promotion, and the flag names it.
+func TestGateKeysFailback(t *testing.T) {
+	ctx := t.Context()
+	x, err := testbed.StartRedis(ctx, testbed.Options{Args: []string{"--repl-diskless-sync-delay", "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Stop() })
+	xHost, xPort, _ := net.SplitHostPort(x.Addr)
+	y, err := testbed.StartRedis(ctx, testbed.Options{Args: []string{"--replicaof", xHost, xPort, "--repl-diskless-sync-delay", "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { y.Stop() })
+	rx := redis.NewClient(&redis.Options{Addr: x.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rx.Close() })
+	ry := redis.NewClient(&redis.Options{Addr: y.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { ry.Close() })
+	synced := func(rc *redis.Client) {
+		t.Helper()
+		for !strings.Contains(rc.Info(ctx, "replication").Val(), "master_link_status:up") {
+			select {
+			case <-ctx.Done():
+				t.Fatal("the replica did not sync")
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	runID := func() string {
+		return regexp.MustCompile(`run_id:(\w+)`).FindStringSubmatch(rx.Info(ctx, "server").Val())[1]
+	}
+	synced(ry)
+	g := inventory.NewGate(rx, "", "db")
+	lines := []inventory.Line{{SKU: "S", Quantity: 1}}
+	take := func(key string) error {
+		return g.Take(ctx, "order:key:"+key, "e", time.Now().Add(time.Hour), inventory.TakeKey{Key: key}, lines)
+	}
+	if err := g.Seed(ctx, "S", 1); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := g.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) { return nil, true, nil }); err != nil || !ok {
+		t.Fatalf("complete keys: %v %v", ok, err)
+	}
+	if n, err := rx.Do(ctx, "WAIT", 1, 0).Int(); err != nil || n != 1 { // Y holds the flag
+		t.Fatalf("wait for the replica: %d %v", n, err)
+	}
+	// A partition: Y is promoted; X, cut off, still takes as a master.
+	if err := ry.ReplicaOf(ctx, "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := take("lost"); err != nil { // then committed in MySQL
+		t.Fatal(err)
+	}
+	// X rejoins as Y's replica, resyncs, and is promoted again.
+	id := runID()
+	yHost, yPort, _ := net.SplitHostPort(y.Addr)
+	if err := rx.ReplicaOf(ctx, yHost, yPort).Err(); err != nil {
+		t.Fatal(err)
+	}
+	synced(rx)
+	if err := rx.ReplicaOf(ctx, "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if runID() != id {
+		t.Fatal("X restarted: not the failback this test is about")
+	}
+	if err := g.Reset(ctx, "S", 0); err != nil { // sold out
+		t.Fatal(err)
+	}
+	if err := take("lost"); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("replay after a failback that lost its key: %v, want ErrCheck", err)
+	}
+	// The queue's accept reads the flag as the take does.
+	if _, err := g.Queue().Accept(ctx, inventory.Queued{ID: "o1", SKU: "S", Quantity: 1, Key: "lost"}, false); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("queued replay after a failback that lost its key: %v, want ErrCheck", err)
 	}
 }

@@ -13,10 +13,12 @@
 -- ARGV[4] '1'); {5, 1}: the key may be in MySQL (the key set is not
 -- complete): look it up first.
 
--- The key set is complete, as loaded on this Redis process (gate_keys.lua).
+-- The key set is complete, as loaded on this Redis process, in this
+-- replication history (gate_keys.lua).
 local function complete()
   local flag = redis.call('GET', KEYS[5])
-  local prefix = 'c:' .. string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') .. ':'
+  local prefix = 'c:' .. string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') ..
+    string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') .. ':'
   return flag ~= false and string.sub(flag, 1, #prefix) == prefix
 end
 local unchecked = ARGV[3] ~= '' and ARGV[4] == '0'

@@ -64,6 +64,7 @@ type StockGate interface {
 	SKUs(ctx context.Context, n int) ([]string, error)
 	CompleteKeys(ctx context.Context, bound time.Duration, load func(context.Context) ([]string, bool, error)) (bool, error)
 	ResetKeys(ctx context.Context) error
+	ForgetKeys(ctx context.Context) error
 }
 
 const (

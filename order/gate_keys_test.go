@@ -366,3 +366,48 @@ func TestGatePutResetsKeySet(t *testing.T) {
 	}
 	wantCode(t, post(h, sku, 1, "Idempotency-Key", "k2"), http.StatusConflict, "out_of_stock")
 }
+
+// A fleet that comes back after a rollback to a version that commits
+// keyed orders without recording their keys does not trust the key set
+// its earlier run completed: every replica's Start marks it incomplete,
+// and a replay at sell-out of an order the older version committed is
+// answered with its order (200), not 409.
+func TestGateKeysAfterRollback(t *testing.T) {
+	f := newFixture(t)
+	ctx := t.Context()
+	const sku = "gate-rollback"
+	f.stock(sku, 2)
+	first := f.service(nil, order.Config{Instance: "new1", Guard: storage.GuardAtomic, Gate: f.gate()})
+	if err := first.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := post(first.Handler(), sku, 1, "Idempotency-Key", "k1"); rec.Code != http.StatusCreated {
+		t.Fatalf("order k1: %d %s", rec.Code, rec.Body)
+	}
+	order.GateKeys(first) // complete
+	first.Close()
+	// Rolled back: the older version commits k2 and records no key (here
+	// one without the gate; one with it writes the same to the key set).
+	rec := post(f.service(nil, order.Config{Instance: "old", Guard: storage.GuardAtomic}).Handler(), sku, 1, "Idempotency-Key", "k2")
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("order k2: %d %s", rec.Code, rec.Body)
+	}
+	id := decodeOrder(t, rec).ID
+	// Rolled forward again.
+	again := f.service(nil, order.Config{Instance: "new2", Guard: storage.GuardAtomic, Gate: f.gate()})
+	if err := again.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { again.Close() })
+	if err := again.Reconcile(ctx); err != nil { // the counter follows MySQL: sold out
+		t.Fatal(err)
+	}
+	if c := f.counter(sku); c.Stock != 0 || c.Held != 0 {
+		t.Fatalf("gate counter %+v, want sold out", c)
+	}
+	h := again.Handler()
+	if rec := post(h, sku, 1, "Idempotency-Key", "k2"); rec.Code != http.StatusOK || decodeOrder(t, rec).ID != id {
+		t.Fatalf("replay of k2 at sell-out: %d %s, want 200 with order %s", rec.Code, rec.Body, id)
+	}
+	wantCode(t, post(h, sku, 1, "Idempotency-Key", "k3"), http.StatusConflict, "out_of_stock")
+}

@@ -87,6 +87,15 @@ func (s *Service) Start(ctx context.Context) error {
 	if reset {
 		s.log.Warn("the lock backend, its servers or the guard changed: fences moved to a new epoch", "lock", s.cfg.Lock, "lock_id", id, "guard", s.cfg.Guard, "epoch", epoch)
 	}
+	// The key set's flag may predate a version that commits keyed orders
+	// without adding their keys (a rollback to it, now over): it is
+	// trusted again only once loaded from MySQL by this version. The keys
+	// stay, so takes in flight elsewhere keep theirs.
+	if s.cfg.Gate != nil {
+		if err := s.cfg.Gate.ForgetKeys(ctx); err != nil {
+			return unannounce(fmt.Errorf("%w: gate key set: %w", ErrUnavailable, err))
+		}
+	}
 	if s.cfg.Queue != nil {
 		if err := s.cfg.Queue.Group(ctx); err != nil {
 			return unannounce(fmt.Errorf("%w: %w", ErrUnavailable, err))
@@ -248,12 +257,32 @@ func (s *Service) replica() storage.Replica {
 }
 
 // gateName and acceptName are OVERSOLD_GATE's and OVERSOLD_ACCEPT's
-// values, as the replicas table records them.
+// values, as the replicas table records them. A gate that records the
+// Idempotency-Keys it takes for is "redis+keys": an older version's gated
+// replica ("redis") commits keyed orders the key set never learns of, and
+// the set would answer their replays out of stock.
 func (s *Service) gateName() string {
 	if s.cfg.Gate == nil {
 		return "none"
 	}
-	return "redis"
+	return "redis+keys"
+}
+
+// gateOf and acceptOf are a row's gate and accept: "" is a version
+// older than them, which takes from no gate (as "none") and answers after
+// MySQL (as "sync").
+func gateOf(p storage.Replica) string {
+	if p.Gate == "" {
+		return "none"
+	}
+	return p.Gate
+}
+
+func acceptOf(p storage.Replica) string {
+	if p.Accept == "" {
+		return "sync"
+	}
+	return p.Accept
 }
 
 func (s *Service) acceptName() string {
@@ -398,9 +427,9 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 	for i, p := range peers {
 		otherServers := p.LockID != "" && p.LockID != s.ownLockID()
 		// A gated replica and an ungated one would not take from one
-		// counter; a queue replica answers before MySQL while a sync one
-		// writes past the queue. "" is a row of an older version.
-		otherIntake := p.Gate != "" && p.Gate != s.gateName() || p.Accept != "" && p.Accept != s.acceptName()
+		// counter, nor record keys in one set; a queue replica answers
+		// before MySQL while a sync one writes past the queue.
+		otherIntake := gateOf(p) != s.gateName() || acceptOf(p) != s.acceptName()
 		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard) && !otherServers && !otherIntake) {
 			continue
 		}
@@ -412,7 +441,7 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 		}
 		theirs, ours := fmt.Sprintf("lock=%s guard=%s", p.Lock, p.Guard), fmt.Sprintf("lock=%s guard=%s", s.cfg.Lock, s.cfg.Guard)
 		if otherIntake {
-			theirs += fmt.Sprintf(" gate=%s accept=%s", p.Gate, p.Accept)
+			theirs += fmt.Sprintf(" gate=%s accept=%s", gateOf(p), acceptOf(p))
 			ours += fmt.Sprintf(" gate=%s accept=%s", s.gateName(), s.acceptName())
 		}
 		why := fmt.Sprintf("live replica %s runs %s, this one %s", p.Instance, theirs, ours)

@@ -245,7 +245,33 @@ func TestMixedIntake(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// An older version's row (no gate, no accept recorded) is not mixed.
+	// A gated newcomer records the keys it takes for: a gated replica of a
+	// version that does not ("redis"), or one older than the gate (no gate
+	// recorded: it takes from no gate), commits keyed orders the key set
+	// never learns of.
+	for _, c := range []struct {
+		peer storage.Replica
+		want string
+	}{
+		{storage.Replica{Instance: "g1", Lock: "none", Guard: "atomic", Gate: "redis", Accept: "sync"},
+			"live replica g1 runs lock=none guard=atomic gate=redis accept=sync, this one lock=none guard=atomic gate=redis+keys accept=sync"},
+		{storage.Replica{Instance: "g2", Lock: "none", Guard: "atomic"},
+			"live replica g2 runs lock=none guard=atomic gate=none accept=sync, this one lock=none guard=atomic gate=redis+keys accept=sync"},
+	} {
+		if err := f.store.Heartbeat(ctx, c.peer); err != nil {
+			t.Fatal(err)
+		}
+		s := f.service(nil, order.Config{Instance: "newcomer", Guard: storage.GuardAtomic, Gate: f.gate()})
+		if err := s.Start(ctx); !errors.Is(err, order.ErrMixedSettings) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("gated start with %+v live = %v, want ErrMixedSettings naming %q", c.peer, err, c.want)
+		}
+		s.Close()
+		if err := f.store.RemoveReplica(ctx, c.peer.Instance); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An older version's row (no gate, no accept recorded) beside an
+	// ungated newcomer is not mixed: it takes from no gate either.
 	if err := f.store.Heartbeat(ctx, storage.Replica{Instance: "old", Lock: "none", Guard: "atomic"}); err != nil {
 		t.Fatal(err)
 	}

@@ -254,7 +254,7 @@ func queueConfirms(t *testing.T, bin string) {
 	err = sync.Run()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 2 || strings.Count(stderr.String(), "\n") != 1 ||
-		!strings.Contains(stderr.String(), "live replica e2e-queue runs lock=redis guard=version gate=redis accept=queue, this one lock=redis guard=version gate=redis accept=sync") {
+		!strings.Contains(stderr.String(), "live replica e2e-queue runs lock=redis guard=version gate=redis+keys accept=queue, this one lock=redis guard=version gate=redis+keys accept=sync") {
 		t.Errorf("a sync replica beside a queue one: %v, stderr %q; want exit 2 naming both", err, stderr.String())
 	}
 }
