@@ -69,8 +69,21 @@ type Run struct {
 	} `json:"batches"`
 }
 
-// Name is the run's configuration, "redis/version".
-func (r Run) Name() string { return r.Backend + "/" + r.Guard }
+// Name is the run's configuration as the lab names it: "redis/version",
+// "none/atomic+gate+queue"; a ceiling run is "ceiling".
+func (r Run) Name() string {
+	if r.Workload == "ceiling" {
+		return "ceiling"
+	}
+	name := r.Backend + "/" + r.Guard
+	if r.Gate != "" {
+		name += "+gate"
+	}
+	if r.Accept == "queue" {
+		name += "+queue"
+	}
+	return name
+}
 
 // Lab is how one set of runs was made: the lab's command line, its
 // machine and its wall time, as the lab's own results.md states them.

@@ -197,3 +197,21 @@ func TestSweepTableOfPlainRuns(t *testing.T) {
 		t.Errorf("the sweep's table changed with gated and queued runs:\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestRunNames: runs are named as the lab names them, so a gated or queued
+// run's row in a table is not taken for the plain configuration's.
+func TestRunNames(t *testing.T) {
+	for _, c := range []struct {
+		run  Run
+		want string
+	}{
+		{Run{Backend: "redis", Guard: "version"}, "redis/version"},
+		{Run{Backend: "none", Guard: "atomic", Gate: "redis"}, "none/atomic+gate"},
+		{Run{Backend: "none", Guard: "atomic", Gate: "redis", Accept: "queue"}, "none/atomic+gate+queue"},
+		{Run{Backend: "none", Guard: "none", Workload: "ceiling"}, "ceiling"},
+	} {
+		if got := c.run.Name(); got != c.want {
+			t.Errorf("%+v named %q, want %q", c.run, got, c.want)
+		}
+	}
+}
