@@ -19,12 +19,22 @@
 -- (look it up before answering short); {6}: the key names a queued order.
 
 -- The key set is complete, as loaded on this Redis process, in this
--- replication history (gate_keys.lua).
+-- replication history (gate_keys.lua), and this process is a master: a
+-- demoted master serves its stale data until it has synced, under its own
+-- ids. An INFO without the ids is never trusted.
 local function complete()
   local flag = redis.call('GET', KEYS[4])
-  local prefix = 'c:' .. string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') ..
-    string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') .. ':'
-  return flag ~= false and string.sub(flag, 1, #prefix) == prefix
+  if not flag then
+    return false
+  end
+  local repl = redis.call('INFO', 'replication')
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  local replid = string.match(repl, 'master_replid:(%x+)')
+  if not run or not replid or not string.find(repl, 'role:master', 1, true) then
+    return false
+  end
+  local prefix = 'c:' .. run .. replid .. ':'
+  return string.sub(flag, 1, #prefix) == prefix
 end
 local key, unchecked = ARGV[4], ARGV[4] ~= '' and ARGV[5] == '0'
 if KEYS[5] ~= KEYS[3] and redis.call('EXISTS', KEYS[5]) == 1 then

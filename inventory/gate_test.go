@@ -560,3 +560,48 @@ func TestGateKeysFailback(t *testing.T) {
 		t.Fatalf("queued replay after a failback that lost its key: %v, want ErrCheck", err)
 	}
 }
+
+// A master demoted and not yet synced (here: a replica of a master it
+// cannot reach) serves its stale data under its own ids, the flag's: a
+// balancer or client still routing to it must not be answered short
+// without MySQL, for a take or a queued accept.
+func TestGateKeysNotTrustedOnAReplica(t *testing.T) {
+	ctx := t.Context()
+	x, err := testbed.StartRedis(ctx, testbed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Stop() })
+	rx := redis.NewClient(&redis.Options{Addr: x.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rx.Close() })
+	g := inventory.NewGate(rx, "", "db")
+	lines := []inventory.Line{{SKU: "S", Quantity: 1}}
+	if err := g.Seed(ctx, "S", 0); err != nil { // sold out
+		t.Fatal(err)
+	}
+	if ok, err := g.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) { return nil, true, nil }); err != nil || !ok {
+		t.Fatalf("complete keys: %v %v", ok, err)
+	}
+	take := func() error {
+		return g.Take(ctx, "order:key:new", "e", time.Now().Add(time.Hour), inventory.TakeKey{Key: "new"}, lines)
+	}
+	if err := take(); !errors.Is(err, inventory.ErrShort) {
+		t.Fatalf("on the master: %v, want ErrShort (the set is complete)", err)
+	}
+	// Demoted: a replica of a master that is not there.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	if err := rx.ReplicaOf(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := take(); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("on the demoted master: %v, want ErrCheck", err)
+	}
+	if _, err := g.Queue().Accept(ctx, inventory.Queued{ID: "o1", SKU: "S", Quantity: 1, Key: "new"}, false); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("queued accept on the demoted master: %v, want ErrCheck", err)
+	}
+}
