@@ -70,6 +70,9 @@ var (
 	// ErrCheck: a line is short, and the key may be in MySQL (the gate's
 	// key set is not complete): look it up before answering short.
 	ErrCheck = errors.New("inventory: gate short, key unchecked")
+	// ErrTooManyKeys: MySQL holds more keys than the gate's key set loads;
+	// the set stays incomplete.
+	ErrTooManyKeys = errors.New("inventory: too many idempotency keys for the gate's key set")
 	// ErrKeyQueued: the key names an order in the queue (TakeKey.Hold).
 	ErrKeyQueued = errors.New("inventory: key names a queued order")
 )
@@ -259,7 +262,9 @@ const keysChunk = 1000
 // commit after the first load read MySQL (its settle adds the key, unless
 // its replica died first). A Redis that lost its data meanwhile, or
 // changed process, keeps none of a load. It reports whether the set is
-// complete.
+// complete: false with no error when another load, a reset or a forget
+// took over meanwhile (not a failure: the next call loads again), and
+// ErrTooManyKeys when load returned too many.
 func (g *Gate) CompleteKeys(ctx context.Context, bound time.Duration, load func(context.Context) (keys []string, ok bool, err error)) (bool, error) {
 	ks := []string{g.keySet(), g.keysComplete()}
 	token, err := gateKeys.Run(ctx, g.rdb, ks, "begin", bound.Milliseconds()).Text()
@@ -271,7 +276,10 @@ func (g *Gate) CompleteKeys(ctx context.Context, bound time.Duration, load func(
 		return false, err
 	}
 	if !ok { // a complete set due to be loaded again is not complete any more
-		return false, gateKeys.Run(ctx, g.rdb, ks, "drop", token).Err()
+		if err := gateKeys.Run(ctx, g.rdb, ks, "drop", token).Err(); err != nil {
+			return false, err
+		}
+		return false, ErrTooManyKeys
 	}
 	for done := false; !done; {
 		n := min(len(keys), keysChunk)

@@ -152,8 +152,8 @@ func TestGateKeys(t *testing.T) {
 	if err := g2.Seed(ctx, "S", 0); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := g2.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) { return nil, false, nil }); err != nil || ok {
-		t.Fatalf("complete keys with too many: %v %v, want false", ok, err)
+	if ok, err := g2.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) { return nil, false, nil }); !errors.Is(err, inventory.ErrTooManyKeys) || ok {
+		t.Fatalf("complete keys with too many: %v %v, want false, ErrTooManyKeys", ok, err)
 	}
 	if err := g2.Take(ctx, "t", "e", time.Now(), inventory.TakeKey{Key: "x"}, lines); !errors.Is(err, inventory.ErrCheck) {
 		t.Fatalf("incomplete set: %v, want ErrCheck", err)
@@ -395,8 +395,8 @@ func TestGateKeysAfterLoss(t *testing.T) {
 	// Too many keys to load again: the set is not complete any more.
 	flush()
 	completeWith(time.Hour, 1)
-	if ok, err := g.CompleteKeys(ctx, 0, func(context.Context) ([]string, bool, error) { return nil, false, nil }); err != nil || ok {
-		t.Fatalf("load again with too many keys: %v %v, want incomplete", ok, err)
+	if ok, err := g.CompleteKeys(ctx, 0, func(context.Context) ([]string, bool, error) { return nil, false, nil }); !errors.Is(err, inventory.ErrTooManyKeys) || ok {
+		t.Fatalf("load again with too many keys: %v %v, want incomplete, ErrTooManyKeys", ok, err)
 	}
 	if err := take("new"); err != nil {
 		t.Fatal(err)

@@ -188,7 +188,7 @@ func (s *Service) gateSeed(ctx context.Context, lines []inventory.Line) error {
 // (a new or reseeded gate) or due to be loaded again (keysBound after it
 // was found incomplete), and no other request of this replica is loading
 // it. After a failed load (too many keys, or an error), a check tries
-// again only keysRetry later. A failure is not the request's: its keys
+// again only keysRetry later; a load another took over is no failure. A failure is not the request's: its keys
 // are then looked up in MySQL. The sweeper checks every pass.
 func (s *Service) gateKeys(ctx context.Context, check bool) {
 	if !s.keysLoad.TryLock() {
@@ -203,9 +203,12 @@ func (s *Service) gateKeys(ctx context.Context, check bool) {
 	complete, err := s.cfg.Gate.CompleteKeys(gctx, s.keysBound(), func(ctx context.Context) ([]string, bool, error) {
 		return s.store.IdempotencyKeys(ctx, maxGateKeys)
 	})
-	if err != nil || !complete {
+	switch {
+	case err != nil: // an error, or too many keys
 		s.keysLoad.failed = time.Now()
 		s.log.Warn("gate key set incomplete: short keyed requests read MySQL", "err", err)
+	case !complete: // another load, a reset or a forget took over: load again next time
+		s.log.Debug("gate key set load superseded")
 	}
 }
 

@@ -2,6 +2,7 @@ package order_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"runtime"
@@ -10,10 +11,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/oversold-lab/oversold/inventory"
 	"github.com/oversold-lab/oversold/order"
 	"github.com/oversold-lab/oversold/storage"
 )
@@ -410,4 +413,51 @@ func TestGateKeysAfterRollback(t *testing.T) {
 		t.Fatalf("replay of k2 at sell-out: %d %s, want 200 with order %s", rec.Code, rec.Body, id)
 	}
 	wantCode(t, post(h, sku, 1, "Idempotency-Key", "k3"), http.StatusConflict, "out_of_stock")
+}
+
+// supersededOnce is the gate, whose first key-set load another replica's
+// start takes over (it marks the set incomplete while the load reads
+// MySQL): the load adds nothing.
+type supersededOnce struct {
+	*inventory.Gate
+	done atomic.Bool
+}
+
+func (g *supersededOnce) CompleteKeys(ctx context.Context, bound time.Duration, load func(context.Context) ([]string, bool, error)) (bool, error) {
+	if g.done.Swap(true) {
+		return g.Gate.CompleteKeys(ctx, bound, load)
+	}
+	return g.Gate.CompleteKeys(ctx, bound, func(ctx context.Context) ([]string, bool, error) {
+		if err := g.ForgetKeys(ctx); err != nil {
+			return nil, false, err
+		}
+		return load(ctx)
+	})
+}
+
+// A load another took over is no failure: the replica's next check loads
+// the set at once, not a minute later (a superseded load counted as a
+// failed one held back every check and sweeper pass of that replica).
+func TestGateKeysLoadAgainAfterSuperseded(t *testing.T) {
+	f := newFixture(t)
+	const sku = "gk-superseded"
+	f.stock(sku, 0)
+	g := &supersededOnce{Gate: f.gate()}
+	svc := f.service(nil, order.Config{Guard: storage.GuardAtomic, Gate: g})
+	ctx := t.Context()
+	if err := g.Seed(ctx, sku, 0); err != nil {
+		t.Fatal(err)
+	}
+	lines := []inventory.Line{{SKU: sku, Quantity: 1}}
+	take := func() error {
+		return g.Take(ctx, "order:key:gk-new", "e", time.Now().Add(time.Hour), inventory.TakeKey{Key: "gk-new"}, lines)
+	}
+	order.GateKeys(svc) // superseded
+	if err := take(); !errors.Is(err, inventory.ErrCheck) {
+		t.Fatalf("after the superseded load: %v, want ErrCheck (incomplete)", err)
+	}
+	order.GateKeys(svc)
+	if err := take(); !errors.Is(err, inventory.ErrShort) {
+		t.Fatalf("the next check: %v, want ErrShort (the set loaded)", err)
+	}
 }
