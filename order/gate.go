@@ -189,7 +189,8 @@ func (s *Service) gateSeed(ctx context.Context, lines []inventory.Line) error {
 // was found incomplete), and no other request of this replica is loading
 // it. After a failed load (too many keys, or an error), a check tries
 // again only keysRetry later; a load another took over is no failure. A failure is not the request's: its keys
-// are then looked up in MySQL. The sweeper checks every pass.
+// are then looked up in MySQL. The sweeper checks every pass, and marks
+// the set incomplete while a live replica does not record its keys.
 func (s *Service) gateKeys(ctx context.Context, check bool) {
 	if !s.keysLoad.TryLock() {
 		return
@@ -200,6 +201,16 @@ func (s *Service) gateKeys(ctx context.Context, check bool) {
 	}
 	gctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	defer cancel()
+	if others, err := s.keysUnrecorded(gctx); err != nil || others != "" {
+		if err == nil {
+			s.log.Warn("gate key set incomplete while a live replica does not record its keys", "replica", others)
+			err = s.cfg.Gate.ForgetKeys(gctx)
+		}
+		if err != nil {
+			s.log.Warn("gate key set: peers unknown", "err", err)
+		}
+		return
+	}
 	complete, err := s.cfg.Gate.CompleteKeys(gctx, s.keysBound(), func(ctx context.Context) ([]string, bool, error) {
 		return s.store.IdempotencyKeys(ctx, maxGateKeys)
 	})
@@ -210,6 +221,24 @@ func (s *Service) gateKeys(ctx context.Context, check bool) {
 	case !complete: // another load, a reset or a forget took over: load again next time
 		s.log.Debug("gate key set load superseded")
 	}
+}
+
+// keysUnrecorded names a live replica of the database that does not
+// record the keys it takes for in the gate's key set ("" for none): one of
+// an older version, or ungated, which Start refuses beside this one but
+// which may have started while this replica's row had lapsed (frozen past
+// liveWithin). While it lives the set is not complete.
+func (s *Service) keysUnrecorded(ctx context.Context) (string, error) {
+	peers, err := s.readiness.LiveReplicas(ctx, liveWithin)
+	if err != nil {
+		return "", err
+	}
+	for _, p := range peers {
+		if p.Instance != s.cfg.Instance && gateOf(p) != s.gateName() {
+			return p.Instance, nil
+		}
+	}
+	return "", nil
 }
 
 // gateSettle settles a take once its flow is over: committed says whether

@@ -461,3 +461,49 @@ func TestGateKeysLoadAgainAfterSuperseded(t *testing.T) {
 		t.Fatalf("the next check: %v, want ErrShort (the set loaded)", err)
 	}
 }
+
+// A live replica that does not record the keys it takes for (an older
+// version's "redis", an ungated one), started while this replica's row had
+// lapsed so Start could not refuse it, keeps the key set incomplete for as
+// long as it lives: its keyed orders are looked up in MySQL, not answered
+// short from a set that never learns them.
+func TestGateKeysIncompleteBesideAReplicaNotRecording(t *testing.T) {
+	f := newFixture(t)
+	const sku = "gk-unrecorded"
+	f.stock(sku, 0)
+	g := f.gate()
+	svc := f.service(nil, order.Config{Instance: "gk-new", Guard: storage.GuardAtomic, Gate: g})
+	ctx := t.Context()
+	if err := g.Seed(ctx, sku, 0); err != nil {
+		t.Fatal(err)
+	}
+	lines := []inventory.Line{{SKU: sku, Quantity: 1}}
+	take := func() error {
+		return g.Take(ctx, "order:key:gk-u", "e", time.Now().Add(time.Hour), inventory.TakeKey{Key: "gk-u"}, lines)
+	}
+	order.GateKeys(svc)
+	if err := take(); !errors.Is(err, inventory.ErrShort) {
+		t.Fatalf("alone: %v, want ErrShort (the set complete)", err)
+	}
+	for _, gate := range []string{"redis", ""} { // an older version's, one older than the gate
+		old := storage.Replica{Instance: "gk-old", Lock: "none", Guard: "atomic", Gate: gate}
+		if err := f.store.Heartbeat(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		order.GateKeys(svc)
+		if err := take(); !errors.Is(err, inventory.ErrCheck) {
+			t.Fatalf("beside a live replica of gate %q: %v, want ErrCheck (incomplete)", gate, err)
+		}
+		order.GateKeys(svc)
+		if err := take(); !errors.Is(err, inventory.ErrCheck) {
+			t.Fatalf("beside it, a check later: %v, want ErrCheck (still incomplete)", err)
+		}
+		if err := f.store.RemoveReplica(ctx, old.Instance); err != nil {
+			t.Fatal(err)
+		}
+		order.GateKeys(svc)
+		if err := take(); !errors.Is(err, inventory.ErrShort) {
+			t.Fatalf("once it is gone: %v, want ErrShort", err)
+		}
+	}
+}
