@@ -87,46 +87,58 @@ func (s *Service) Start(ctx context.Context) error {
 	if reset {
 		s.log.Warn("the lock backend, its servers or the guard changed: fences moved to a new epoch", "lock", s.cfg.Lock, "lock_id", id, "guard", s.cfg.Guard, "epoch", epoch)
 	}
-	// The key set's flag may predate a version that commits keyed orders
-	// without adding their keys (a rollback to it, now over): it is
-	// trusted again only once loaded from MySQL by this version. The keys
-	// stay, so takes in flight elsewhere keep theirs.
+	if err := s.startIntake(ctx); err != nil {
+		return unannounce(fmt.Errorf("%w: %w", ErrUnavailable, err))
+	}
+	s.heartbeat.Go(s.sweepLoop)
+	s.heartbeat.Go(s.heartbeatLoop)
+	return nil
+}
+
+// startIntake readies the gate and the queue, if configured. The key
+// set's flag may predate a version that commits keyed orders without
+// adding their keys (a rollback to it, now over): it is trusted again only
+// once loaded from MySQL by this version. The keys stay, so takes in
+// flight elsewhere keep theirs.
+func (s *Service) startIntake(ctx context.Context) error {
 	if s.cfg.Gate != nil {
 		if err := s.cfg.Gate.ForgetKeys(ctx); err != nil {
-			return unannounce(fmt.Errorf("%w: gate key set: %w", ErrUnavailable, err))
+			return fmt.Errorf("gate key set: %w", err)
 		}
 	}
 	if s.cfg.Queue != nil {
 		if err := s.cfg.Queue.Group(ctx); err != nil {
-			return unannounce(fmt.Errorf("%w: %w", ErrUnavailable, err))
+			return err
 		}
 		s.heartbeat.Go(s.consume)
 	}
-	s.heartbeat.Go(s.sweepLoop)
-	s.heartbeat.Go(func() {
-		t := time.NewTicker(heartbeatEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-t.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), heartbeatEvery)
-			err := s.followFences(ctx)
-			if err == nil {
-				if err := s.readiness.Heartbeat(ctx, s.replica()); err != nil {
-					s.log.Warn("replica heartbeat failed", "err", err)
-				}
-			}
-			cancel()
-			if err != nil {
-				s.withdraw(err)
-				return
+	return nil
+}
+
+// heartbeatLoop follows the fences and heartbeats every heartbeatEvery
+// until Close; a failure withdraws the replica.
+func (s *Service) heartbeatLoop() {
+	t := time.NewTicker(heartbeatEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), heartbeatEvery)
+		err := s.followFences(ctx)
+		if err == nil {
+			if err := s.readiness.Heartbeat(ctx, s.replica()); err != nil {
+				s.log.Warn("replica heartbeat failed", "err", err)
 			}
 		}
-	})
-	return nil
+		cancel()
+		if err != nil {
+			s.withdraw(err)
+			return
+		}
+	}
 }
 
 // followFences reads which fleet the fences belong to, before each
