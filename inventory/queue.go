@@ -67,6 +67,9 @@ type Delivery struct {
 type Settled struct {
 	Delivery
 	Confirmed bool // false: rejected, its quantity goes back to the gate
+	// Short: rejected for lack of stock in MySQL. The gate admitted more
+	// than MySQL holds, so the quantity stays taken (Gate.Spend).
+	Short bool
 }
 
 // Queue is the order queue on the gate's Redis. It is safe for
@@ -214,8 +217,8 @@ func deliveries(msgs []redis.XMessage) []Delivery {
 }
 
 // Settle settles orders of sku whose outcome MySQL holds: a confirmed
-// order's take is spent, a rejected one's quantity goes back to the
-// counter, once per order however often it is settled; each entry is
+// order's take is spent, and a short one's, a rejected one's quantity goes
+// back to the counter, once per order however often it is settled; each entry is
 // acknowledged and deleted, the orders' keys are added to the gate's key
 // set, and their markers expire keep later.
 func (q *Queue) Settle(ctx context.Context, sku string, settled []Settled, keep time.Duration) error {
@@ -223,7 +226,7 @@ func (q *Queue) Settle(ctx context.Context, sku string, settled []Settled, keep 
 	args := []any{QueueGroup, keep.Milliseconds()}
 	for _, s := range settled {
 		mode := "back"
-		if s.Confirmed {
+		if s.Confirmed || s.Short {
 			mode = "done"
 		}
 		if s.Order.Key != "" {

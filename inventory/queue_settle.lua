@@ -1,6 +1,6 @@
 -- Settle queued orders of one SKU once MySQL has their outcome: confirmed
--- (mode done: the take is spent) or rejected (mode back: the quantity goes
--- back to the counter). Each entry is then acknowledged and deleted, so
+-- or refused for lack of stock (mode done: the take is spent) or rejected
+-- otherwise (mode back: the quantity goes back to the counter). Each entry is then acknowledged and deleted, so
 -- the stream holds only what is not settled yet.
 -- KEYS[1]: the stream; KEYS[2]: the queued hash; KEYS[3]: the SKU's
 -- counter; KEYS[4]: the gate's key set; KEYS[5..]: the markers of the

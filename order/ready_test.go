@@ -281,3 +281,45 @@ func TestMixedIntake(t *testing.T) {
 	}
 	s.Close()
 }
+
+// TestReadyzMixedIntake: a replica with the same lock and guard but
+// another gate or accept, whose row lapsed while a newcomer started (a
+// frozen replica that comes back), makes the newcomer unready, as other
+// lock settings do; the fences record no intake, so they cannot say which
+// of the two is the straggler, and the newer one is. The older one stays
+// ready beside a newer row of another intake.
+func TestReadyzMixedIntake(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := t.Context()
+	s := f.service(nil, order.Config{Instance: "sync1", Guard: storage.GuardAtomic})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	db, err := sql.Open("mysql", f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	row := func(instance, started string) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, "INSERT INTO replicas (instance, `lock`, lock_id, guard, gate, accept, started_at, heartbeat_at) "+
+			"VALUES (?, 'none', '', 'atomic', 'redis+keys', 'queue', "+started+", UTC_TIMESTAMP(6))", instance); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ready := func() (int, string) {
+		rec := call(s.Handler(), http.MethodGet, "/readyz", "")
+		return rec.Code, rec.Body.String()
+	}
+	row("queue-new", "UTC_TIMESTAMP(6) + INTERVAL 1 SECOND")
+	if code, body := ready(); code != 200 {
+		t.Errorf("readyz beside a newer replica of another intake = %d %s, want 200", code, body)
+	}
+	row("queue-old", "UTC_TIMESTAMP(6) - INTERVAL 1 HOUR")
+	want := "live replica queue-old runs lock=none guard=atomic gate=redis+keys accept=queue, this one lock=none guard=atomic gate=none accept=sync"
+	if code, body := ready(); code != 503 || !strings.Contains(body, want) {
+		t.Errorf("readyz beside an older replica of another intake = %d %s, want 503 naming %q", code, body, want)
+	}
+}

@@ -220,8 +220,14 @@ func TestQueueConsumerKill(t *testing.T) {
 			if *r.Accepted == 0 || *r.LostAccepted != 0 || *r.PendingLeft != 0 {
 				t.Errorf("accepted %d, lost %d, pending %d: want every 202 written", *r.Accepted, *r.LostAccepted, *r.PendingLeft)
 			}
-			if r.OrderedQuantity != *r.Accepted-*r.RejectedAfterAccept {
-				t.Errorf("sold %d, accepted %d, rejected %d: want each confirmed order sold once", r.OrderedQuantity, *r.Accepted, *r.RejectedAfterAccept)
+			// The kill can also strike an accept whose script ran and
+			// whose 202 never left: its order is written, its client saw
+			// a 502 or no answer. Those may add to what was sold, never
+			// more than them; duplicates are counted by key (assertSafe).
+			confirmed := *r.Accepted - *r.RejectedAfterAccept
+			unanswered := r.Status["502"] + r.NoResponse
+			if r.OrderedQuantity < confirmed || r.OrderedQuantity > confirmed+unanswered {
+				t.Errorf("sold %d, accepted %d, rejected %d, unanswered %d: want each confirmed order sold once", r.OrderedQuantity, *r.Accepted, *r.RejectedAfterAccept, unanswered)
 			}
 		})
 	}
