@@ -37,6 +37,9 @@ import (
 // restarted from its persistence, or one that failed back after resyncing
 // from the replica promoted meanwhile, may have lost keys and kept it.
 
+//go:embed gate_id.lua
+var gateIDLua string
+
 //go:embed gate_take.lua
 var gateTakeLua string
 
@@ -50,10 +53,10 @@ var gateSeedLua string
 var gateKeysLua string
 
 var (
-	gateTake   = redis.NewScript(gateTakeLua)
+	gateTake   = redis.NewScript(gateIDLua + gateTakeLua)
 	gateSettle = redis.NewScript(gateSettleLua)
 	gateSeed   = redis.NewScript(gateSeedLua)
-	gateKeys   = redis.NewScript(gateKeysLua)
+	gateKeys   = redis.NewScript(gateIDLua + gateKeysLua)
 )
 
 // Errors of Gate.Take besides Redis's.

@@ -35,11 +35,10 @@ if mode == 'forget' then
   redis.call('DEL', KEYS[2])
   return 1
 end
--- A process that lost its role and took it back (a failback) may have
--- resynced from the replica promoted meanwhile, losing keys, under the
--- same run_id: its master_replid changed at each promotion.
-local id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') ..
-  string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+local id = process_id()
+if not id then
+  return redis.error_reply('INFO without run_id or master_replid')
+end
 local state, begun
 if flag then
   local of

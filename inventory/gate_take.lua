@@ -18,24 +18,6 @@
 -- ARGV[5] '1'); {5, i}: line i is short and the key may be in MySQL
 -- (look it up before answering short); {6}: the key names a queued order.
 
--- The key set is complete, as loaded on this Redis process, in this
--- replication history (gate_keys.lua), and this process is a master: a
--- demoted master serves its stale data until it has synced, under its own
--- ids. An INFO without the ids is never trusted.
-local function complete()
-  local flag = redis.call('GET', KEYS[4])
-  if not flag then
-    return false
-  end
-  local repl = redis.call('INFO', 'replication')
-  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
-  local replid = string.match(repl, 'master_replid:(%x+)')
-  if not run or not replid or not string.find(repl, 'role:master', 1, true) then
-    return false
-  end
-  local prefix = 'c:' .. run .. replid .. ':'
-  return string.sub(flag, 1, #prefix) == prefix
-end
 local key, unchecked = ARGV[4], ARGV[4] ~= '' and ARGV[5] == '0'
 if KEYS[5] ~= KEYS[3] and redis.call('EXISTS', KEYS[5]) == 1 then
   return {6}
@@ -55,7 +37,7 @@ for i = 6, #KEYS do
     -- Complete on another process (restarted from its persistence, or a
     -- promoted replica) or history (a failback), the set may have lost
     -- the latest keys.
-    if unchecked and not complete() then
+    if unchecked and not complete(KEYS[4]) then
       return {5, i - 5}
     end
     return {3, i - 5}

@@ -38,7 +38,7 @@ var queueAcceptLua string
 var queueSettleLua string
 
 var (
-	queueAccept = redis.NewScript(queueAcceptLua)
+	queueAccept = redis.NewScript(gateIDLua + queueAcceptLua)
 	queueSettle = redis.NewScript(queueSettleLua)
 )
 

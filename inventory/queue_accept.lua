@@ -13,24 +13,6 @@
 -- ARGV[4] '1'); {5, 1}: the key may be in MySQL (the key set is not
 -- complete): look it up first.
 
--- The key set is complete, as loaded on this Redis process, in this
--- replication history (gate_keys.lua), and this process is a master: a
--- demoted master serves its stale data until it has synced, under its own
--- ids. An INFO without the ids is never trusted.
-local function complete()
-  local flag = redis.call('GET', KEYS[5])
-  if not flag then
-    return false
-  end
-  local repl = redis.call('INFO', 'replication')
-  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
-  local replid = string.match(repl, 'master_replid:(%x+)')
-  if not run or not replid or not string.find(repl, 'role:master', 1, true) then
-    return false
-  end
-  local prefix = 'c:' .. run .. replid .. ':'
-  return string.sub(flag, 1, #prefix) == prefix
-end
 local unchecked = ARGV[3] ~= '' and ARGV[4] == '0'
 if ARGV[3] ~= '' then
   local prev = redis.call('GET', KEYS[3])
@@ -49,7 +31,7 @@ end
 -- Unlike a sync order's flow, nothing after the accept looks for the key
 -- before the answer: with an incomplete set (or one complete on another
 -- Redis process: gate_take.lua), it is looked up first.
-if unchecked and not complete() then
+if unchecked and not complete(KEYS[5]) then
   return {5, 1}
 end
 for i = 6, #KEYS do
