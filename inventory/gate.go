@@ -194,15 +194,6 @@ func (g *Gate) GiveBack(ctx context.Context, tag string, lines []Line) (bool, er
 	return g.settle(ctx, tag, "back", "", lines)
 }
 
-// Spend settles tag's take of an order MySQL refused for lack of stock:
-// the quantity stays taken. The gate admitted more than MySQL holds (its
-// Redis lost writes, or stock was lowered outside PUT): giving it back
-// would admit another order for MySQL to refuse. The reconciler sets the
-// counter to MySQL's stock once nothing is in flight.
-func (g *Gate) Spend(ctx context.Context, tag string, lines []Line) (bool, error) {
-	return g.settle(ctx, tag, "spent", "", lines)
-}
-
 // Settle is Done (committed true) or GiveBack for a back-check, which
 // read p.Entry: a later take of the same tag is left alone.
 func (g *Gate) Settle(ctx context.Context, p Pending, committed bool, lines []Line) (bool, error) {

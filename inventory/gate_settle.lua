@@ -1,6 +1,4 @@
--- Settle a take: its order committed (mode done), will not (mode back), or
--- was refused by MySQL for lack of stock (mode spent: counted as done, the
--- key left out).
+-- Settle a take: its order committed (mode done) or will not (mode back).
 -- KEYS[1]: the pending hash; KEYS[2]: the due sorted set; KEYS[3]: the
 -- gate's key set; KEYS[4..]: the lines' counters. ARGV[1]: tag ("" for a
 -- give-back that was never pending: a cancelled or expired hold); ARGV[2]:

@@ -60,6 +60,7 @@ type Queued struct {
 type Delivery struct {
 	Entry string // the stream entry's id
 	Order Queued
+	Epoch string // its counter's epoch at the accept ("" from an older version)
 	Err   error
 }
 
@@ -67,9 +68,6 @@ type Delivery struct {
 type Settled struct {
 	Delivery
 	Confirmed bool // false: rejected, its quantity goes back to the gate
-	// Short: rejected for lack of stock in MySQL. The gate admitted more
-	// than MySQL holds, so the quantity stays taken (Gate.Spend).
-	Short bool
 }
 
 // Queue is the order queue on the gate's Redis. It is safe for
@@ -204,6 +202,7 @@ func deliveries(msgs []redis.XMessage) []Delivery {
 	ds := make([]Delivery, len(msgs))
 	for i, m := range msgs {
 		ds[i].Entry = m.ID
+		ds[i].Epoch, _ = m.Values["e"].(string)
 		entry, ok := m.Values["o"].(string)
 		if !ok {
 			ds[i].Err = fmt.Errorf("queue entry %s has no order", m.ID)
@@ -217,8 +216,10 @@ func deliveries(msgs []redis.XMessage) []Delivery {
 }
 
 // Settle settles orders of sku whose outcome MySQL holds: a confirmed
-// order's take is spent, and a short one's, a rejected one's quantity goes
-// back to the counter, once per order however often it is settled; each entry is
+// order's take is spent, a rejected one's quantity goes back to the
+// counter, once per order however often it is settled; a confirmed order
+// taken from a counter since lost with its Redis's data is taken again
+// from the counter seeded since, as the gate's Done does; each entry is
 // acknowledged and deleted, the orders' keys are added to the gate's key
 // set, and their markers expire keep later.
 func (q *Queue) Settle(ctx context.Context, sku string, settled []Settled, keep time.Duration) error {
@@ -226,13 +227,13 @@ func (q *Queue) Settle(ctx context.Context, sku string, settled []Settled, keep 
 	args := []any{QueueGroup, keep.Milliseconds()}
 	for _, s := range settled {
 		mode := "back"
-		if s.Confirmed || s.Short {
+		if s.Confirmed {
 			mode = "done"
 		}
 		if s.Order.Key != "" {
 			keys = append(keys, q.marker(s.Order.Key))
 		}
-		args = append(args, s.Entry, s.Order.ID, mode, s.Order.Quantity, s.Order.Key)
+		args = append(args, s.Entry, s.Order.ID, mode, s.Order.Quantity, s.Order.Key, s.Epoch)
 	}
 	if err := queueSettle.Run(ctx, q.g.rdb, keys, args...).Err(); err != nil {
 		return fmt.Errorf("queue settle: %w", err)

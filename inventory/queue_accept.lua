@@ -45,7 +45,9 @@ for i = 6, #KEYS do
   redis.call('HINCRBY', KEYS[i], 'held', q)
   redis.call('HINCRBY', KEYS[i], 'seq', 1)
 end
-redis.call('XADD', KEYS[1], '*', 'o', ARGV[2])
+-- The entry carries its counter's epoch (gate_seed.lua): its settle tells
+-- a take the counter lost with its Redis's data from one settled already.
+redis.call('XADD', KEYS[1], '*', 'o', ARGV[2], 'e', redis.call('HGET', KEYS[6], 'epoch') or '')
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 if ARGV[3] ~= '' then
   redis.call('SET', KEYS[3], ARGV[1])

@@ -55,7 +55,6 @@ type StockGate interface {
 	Take(ctx context.Context, tag, entry string, deadline time.Time, key inventory.TakeKey, lines []inventory.Line) error
 	Done(ctx context.Context, tag string, lines []inventory.Line) (bool, error)
 	GiveBack(ctx context.Context, tag string, lines []inventory.Line) (bool, error)
-	Spend(ctx context.Context, tag string, lines []inventory.Line) (bool, error)
 	Settle(ctx context.Context, p inventory.Pending, committed bool, lines []inventory.Line) (bool, error)
 	Seed(ctx context.Context, sku string, stock int64) error
 	Reset(ctx context.Context, sku string, stock int64) error
@@ -243,15 +242,14 @@ func (s *Service) keysUnrecorded(ctx context.Context) (string, error) {
 }
 
 // gateSettle settles a take once its flow is over: committed says whether
-// it committed; short that MySQL refused it for lack of stock (the take
-// is spent, not given back: Gate.Spend); otherwise the flow could not
-// tell, and lookup (MySQL, by the take's id) decides. A lookup that fails
-// leaves the take to the back-check. It runs on a context of its own: the
-// client's may be what ended the flow.
-func (s *Service) gateSettle(ctx context.Context, tag string, lines []inventory.Line, committed, short bool, lookup func(context.Context) (bool, error)) {
+// it committed; unknown whether the flow could not tell, and lookup
+// (MySQL, by the take's id) decides. A lookup that fails leaves the take
+// to the back-check. It runs on a context of its own: the client's may be
+// what ended the flow.
+func (s *Service) gateSettle(ctx context.Context, tag string, lines []inventory.Line, committed bool, lookup func(context.Context) (bool, error)) {
 	ctx, cancel := afterCommit(ctx)
 	defer cancel()
-	if !committed && !short {
+	if !committed {
 		var err error
 		if committed, err = lookup(ctx); err != nil {
 			s.log.Warn("gate take left to the back-check", "tag", tag, "err", err)
@@ -259,11 +257,8 @@ func (s *Service) gateSettle(ctx context.Context, tag string, lines []inventory.
 		}
 	}
 	settle, outcome := s.cfg.Gate.GiveBack, "given_back"
-	switch {
-	case committed:
+	if committed {
 		settle, outcome = s.cfg.Gate.Done, "done"
-	case short:
-		settle, outcome = s.cfg.Gate.Spend, "spent"
 	}
 	if _, err := settle(ctx, tag, lines); err != nil {
 		s.log.Warn("gate settle failed: left to the back-check", "tag", tag, "err", err)
@@ -301,7 +296,7 @@ func (s *Service) placeGated(ctx context.Context, req Request) (Order, bool, err
 		}
 		o, replayed, err := s.place(ctx, req)
 		id := req.id
-		s.gateSettle(ctx, tag, lines, err == nil && o.ID == id, errors.Is(err, storage.ErrOutOfStock), func(ctx context.Context) (bool, error) {
+		s.gateSettle(ctx, tag, lines, err == nil && o.ID == id, func(ctx context.Context) (bool, error) {
 			return s.orderExists(ctx, id)
 		})
 		return o, replayed, err
@@ -370,7 +365,7 @@ func (s *Service) holdGated(ctx context.Context, req HoldRequest) (storage.Reser
 		}
 		r, replayed, err := s.holdFlow(ctx, req)
 		id := req.id
-		s.gateSettle(ctx, tag, lines, err == nil && r.ID == id, false, func(ctx context.Context) (bool, error) {
+		s.gateSettle(ctx, tag, lines, err == nil && r.ID == id, func(ctx context.Context) (bool, error) {
 			return s.reservationExists(ctx, id)
 		})
 		return r, replayed, err

@@ -142,10 +142,8 @@ func (s failingStore) PlaceOrder(ctx context.Context, w storage.Write, bc func()
 }
 
 // Every path on which the order does not commit gives its quantity back
-// to the gate, but two keep it taken: the one where it commits but the
-// write reported a failure, and the one MySQL refused for lack of stock
-// (the gate counted more than MySQL holds: given back, it would admit the
-// next order for MySQL to refuse, and the next).
+// to the gate, and the one where it commits but the write reported a
+// failure keeps it taken.
 func TestGateGivesBackOnEveryFailure(t *testing.T) {
 	f := newFixture(t)
 	redisLocker := func() order.Locker {
@@ -159,16 +157,16 @@ func TestGateGivesBackOnEveryFailure(t *testing.T) {
 	lost := make(chan struct{})
 	close(lost)
 	cases := []struct {
-		name   string
-		store  func() order.Store
-		wrap   func(order.Cache) order.Cache
-		locker func(sku string) order.Locker
-		cfg    order.Config
-		setup  func(sku string)
-		place  func(svc *order.Service, sku string) error // nil: POST, want status and code
-		status int
-		code   string
-		kept   bool // the take stays taken
+		name      string
+		store     func() order.Store
+		wrap      func(order.Cache) order.Cache
+		locker    func(sku string) order.Locker
+		cfg       order.Config
+		setup     func(sku string)
+		place     func(svc *order.Service, sku string) error // nil: POST, want status and code
+		status    int
+		code      string
+		committed bool
 	}{
 		{name: "lock timeout", locker: func(sku string) order.Locker {
 			l := redisLocker()
@@ -184,7 +182,7 @@ func TestGateGivesBackOnEveryFailure(t *testing.T) {
 		{name: "version conflicts spent", wrap: func(c order.Cache) order.Cache { return staleCache{c} },
 			cfg: order.Config{Guard: storage.GuardVersion}, status: 409, code: "conflict"},
 		{name: "out of stock in MySQL", cfg: order.Config{Guard: storage.GuardAtomic},
-			setup: func(sku string) { f.stock(sku, 0) }, status: 409, code: "out_of_stock", kept: true},
+			setup: func(sku string) { f.stock(sku, 0) }, status: 409, code: "out_of_stock"},
 		{name: "write failed", store: func() order.Store { return failingStore{Store: f.openStore()} },
 			cfg: order.Config{Guard: storage.GuardAtomic}, status: 503, code: "unavailable"},
 		{name: "client gone mid-flow", cfg: order.Config{Guard: storage.GuardAtomic, WorkDelay: time.Minute},
@@ -193,7 +191,7 @@ func TestGateGivesBackOnEveryFailure(t *testing.T) {
 				return err
 			}},
 		{name: "committed, reported failed", store: func() order.Store { return failingStore{Store: f.openStore(), commit: true} },
-			cfg: order.Config{Guard: storage.GuardAtomic}, status: 201, kept: true},
+			cfg: order.Config{Guard: storage.GuardAtomic}, status: 201, committed: true},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -231,7 +229,7 @@ func TestGateGivesBackOnEveryFailure(t *testing.T) {
 				wantCode(t, rec, c.status, c.code)
 			}
 			want := inventory.Counter{Stock: 5}
-			if c.kept {
+			if c.committed {
 				want.Stock = 4
 			}
 			if got := f.counter(sku); got.Stock != want.Stock || got.Held != 0 {

@@ -100,7 +100,7 @@ func NewMetrics(replica, lock string, guard storage.Guard) *Metrics {
 	}
 	m.gate = f.NewCounterVec(prometheus.CounterOpts{
 		Name: "oversold_gate_total",
-		Help: "Stock gate takes by outcome: taken, short, done, spent, given_back, back_checked.",
+		Help: "Stock gate takes by outcome: taken, short, done, given_back, back_checked.",
 	}, []string{"outcome"})
 	m.queue = f.NewCounterVec(prometheus.CounterOpts{
 		Name: "oversold_queue_total",

@@ -402,8 +402,7 @@ func (s *Service) sellQueued(ctx context.Context, sku string, ds []inventory.Del
 			again = append(again, d)
 			continue
 		}
-		settled = append(settled, inventory.Settled{Delivery: d, Confirmed: r.Status == storage.StatusConfirmed,
-			Short: r.Status == storage.StatusRejected && r.Reason == "out_of_stock"})
+		settled = append(settled, inventory.Settled{Delivery: d, Confirmed: r.Status == storage.StatusConfirmed})
 	}
 	return settled, again
 }

@@ -407,12 +407,12 @@ func (s *Service) checkPeers(ctx context.Context) error {
 
 // mixedPeers describes the live replicas of this database that run another
 // lock, the same lock on other servers (another identity; "" is a row of
-// an older version, or a lock without one: not mixed), another guard, or
-// another gate or accept; with olderOnly, only those that started before
-// this one (by started_at, then instance name; a replica whose own row is
-// missing is the newest). With olderOnly (/readyz), a replica of the fleet
-// the fences belong to counts no other of another lock or guard: one is a
-// straggler the fences superseded (its own checkPeers says so, and its next heartbeat
+// an older version, or a lock without one: not mixed) or another guard;
+// with olderOnly, only those that started before this one
+// (by started_at, then instance name; a replica whose own row is missing is
+// the newest). With olderOnly (/readyz), a replica of the fleet the fences
+// belong to counts no other: one with other settings is a straggler the
+// fences superseded (its own checkPeers says so, and its next heartbeat
 // withdraws it), which would otherwise take the whole fleet out of the
 // balancer. Start still counts it: the fences may name settings a rival
 // newcomer is about to replace (two newcomers at once must not both
@@ -442,13 +442,10 @@ func (s *Service) mixedPeers(ctx context.Context, olderOnly bool) ([]string, err
 		// counter, nor record keys in one set; a queue replica answers
 		// before MySQL while a sync one writes past the queue.
 		otherIntake := gateOf(p) != s.gateName() || acceptOf(p) != s.acceptName()
-		sameLock := p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard) && !otherServers
-		if i == self || (sameLock && !otherIntake) {
+		if i == self || (p.Lock == s.cfg.Lock && p.Guard == string(s.cfg.Guard) && !otherServers && !otherIntake) {
 			continue
 		}
-		// The fences record no intake: a peer that differs only there is
-		// no straggler they superseded, and the newer of the two is unready.
-		if olderOnly && fleet == s.fleet() && !sameLock {
+		if olderOnly && fleet == s.fleet() {
 			continue // superseded
 		}
 		if olderOnly && self >= 0 && !older(p, peers[self]) {
