@@ -2,9 +2,6 @@ package zklock_test
 
 import (
 	"context"
-	"errors"
-	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +9,7 @@ import (
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking"
 	"github.com/oversold-lab/oversold/locking/zklock"
+	"github.com/oversold-lab/oversold/locking/zklock/internal/zklocktest"
 )
 
 // After its session expires, go-zookeeper has no session (SessionID is 0)
@@ -23,9 +21,9 @@ import (
 func TestCreateSentBetweenSessions(t *testing.T) {
 	servers := testbed.ZooKeeper(t)
 	key, marker := testbed.Prefix(t)+"/between", testbed.Prefix(t)+"/marker"
-	var s silencer
+	var s zklocktest.Silencer
 	var between atomic.Bool // a create was sent while the client had no session
-	l, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: time.Second, Dialer: s.dial,
+	l, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: time.Second, Dialer: s.Dial,
 		Create: func(l *zklock.Locker, parent string) (string, int64, error) {
 			if l.SessionID() == 0 {
 				between.Store(true)
@@ -53,9 +51,9 @@ func TestCreateSentBetweenSessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.cut()
+	s.Cut()
 	waitFor(t, func() bool { n, err := queueLength(servers)(ctx, marker); return err == nil && n == 0 })
-	s.restore()
+	s.Restore()
 	for l.SessionID() != 0 {
 		if ctx.Err() != nil {
 			t.Fatal("the client never noticed its session expired")
@@ -101,64 +99,4 @@ func TestCreateSentBetweenSessions(t *testing.T) {
 		t.Fatalf("another Locker cannot take the key once it was released: %v", err)
 	}
 	ol.Release(ctx)
-}
-
-// silencer dials ZooKeeper; cut makes the connections open so far silent
-// both ways (writes vanish, nothing is read: the server hears no ping and
-// expires the session) and refuses new dials until restore.
-type silencer struct {
-	mu     sync.Mutex
-	conns  []*silentConn
-	refuse bool
-}
-
-func (s *silencer) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.refuse {
-		return nil, errors.New("dial refused by the test")
-	}
-	c, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	sc := &silentConn{Conn: c}
-	s.conns = append(s.conns, sc)
-	return sc, nil
-}
-
-func (s *silencer) cut() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.refuse = true
-	for _, c := range s.conns {
-		c.silent.Store(true)
-	}
-}
-
-func (s *silencer) restore() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.refuse = false
-}
-
-type silentConn struct {
-	net.Conn
-	silent atomic.Bool
-}
-
-func (c *silentConn) Write(p []byte) (int, error) {
-	if c.silent.Load() {
-		return len(p), nil
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *silentConn) Read(p []byte) (int, error) {
-	for {
-		n, err := c.Conn.Read(p)
-		if err != nil || !c.silent.Load() {
-			return n, err
-		}
-	}
 }

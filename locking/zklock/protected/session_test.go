@@ -2,9 +2,6 @@ package protected_test
 
 import (
 	"context"
-	"errors"
-	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +10,7 @@ import (
 
 	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/locking/zklock"
+	"github.com/oversold-lab/oversold/locking/zklock/internal/zklocktest"
 	"github.com/oversold-lab/oversold/locking/zklock/protected"
 )
 
@@ -26,7 +24,7 @@ import (
 // is gone. Before the fix Create reported the node as the new session's.
 func TestSessionChangeAfterCreate(t *testing.T) {
 	servers := testbed.ZooKeeper(t)
-	var s silencer
+	var s zklocktest.Silencer
 	key := testbed.Prefix(t) + "/expired"
 	var fired atomic.Bool
 	var old int64
@@ -36,7 +34,7 @@ func TestSessionChangeAfterCreate(t *testing.T) {
 			return
 		}
 		old = l.Conn().SessionID()
-		s.cut()
+		s.Cut()
 		gone := eventually(func() bool {
 			var exists bool
 			err := withConn(t.Context(), servers, func(c *zk.Conn) (err error) {
@@ -45,7 +43,7 @@ func TestSessionChangeAfterCreate(t *testing.T) {
 			})
 			return err == nil && !exists
 		})
-		s.restore()
+		s.Restore()
 		if !gone {
 			t.Error("the server kept the node of a session silent for 10 s")
 			return
@@ -54,7 +52,7 @@ func TestSessionChangeAfterCreate(t *testing.T) {
 			t.Error("the Locker got no new session within 10 s")
 		}
 	}}
-	l, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: time.Second, Dialer: s.dial, Create: create.Create})
+	l, err := zklock.New(t.Context(), servers, zklock.Config{SessionTimeout: time.Second, Dialer: s.Dial, Create: create.Create})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,65 +90,5 @@ func TestSessionChangeAfterCreate(t *testing.T) {
 	}
 	if !eventually(func() bool { n, err := queueLength(servers)(ctx, key); return err == nil && n == 0 }) {
 		t.Error("nodes left in the queue after the release")
-	}
-}
-
-// silencer dials ZooKeeper; cut makes the connections open so far silent
-// both ways (writes vanish, nothing is read: the server hears no ping and
-// expires the session) and refuses new dials until restore.
-type silencer struct {
-	mu     sync.Mutex
-	conns  []*silentConn
-	refuse bool
-}
-
-func (s *silencer) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.refuse {
-		return nil, errors.New("dial refused by the test")
-	}
-	c, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	sc := &silentConn{Conn: c}
-	s.conns = append(s.conns, sc)
-	return sc, nil
-}
-
-func (s *silencer) cut() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.refuse = true
-	for _, c := range s.conns {
-		c.silent.Store(true)
-	}
-}
-
-func (s *silencer) restore() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.refuse = false
-}
-
-type silentConn struct {
-	net.Conn
-	silent atomic.Bool
-}
-
-func (c *silentConn) Write(p []byte) (int, error) {
-	if c.silent.Load() {
-		return len(p), nil
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *silentConn) Read(p []byte) (int, error) {
-	for {
-		n, err := c.Conn.Read(p)
-		if err != nil || !c.silent.Load() {
-			return n, err
-		}
 	}
 }
