@@ -81,6 +81,7 @@ func (g *Gate) Queue() *Queue { return &Queue{g: g} }
 
 func (q *Queue) stream() string           { return q.g.prefix + "queue" }
 func (q *Queue) queued() string           { return q.g.prefix + "queued" }
+func (q *Queue) retaken() string          { return q.g.prefix + "retaken" }
 func (q *Queue) marker(key string) string { return q.g.prefix + "qkey:" + key }
 func (q *Queue) markerOf(o Queued) string {
 	if o.Key == "" {
@@ -223,7 +224,7 @@ func deliveries(msgs []redis.XMessage) []Delivery {
 // acknowledged and deleted, the orders' keys are added to the gate's key
 // set, and their markers expire keep later.
 func (q *Queue) Settle(ctx context.Context, sku string, settled []Settled, keep time.Duration) error {
-	keys := []string{q.stream(), q.queued(), q.g.counter(sku), q.g.keySet()}
+	keys := []string{q.stream(), q.queued(), q.g.counter(sku), q.g.keySet(), q.retaken()}
 	args := []any{QueueGroup, keep.Milliseconds()}
 	for _, s := range settled {
 		mode := "back"

@@ -3,8 +3,8 @@
 -- back to the counter). Each entry is then acknowledged and deleted, so
 -- the stream holds only what is not settled yet.
 -- KEYS[1]: the stream; KEYS[2]: the queued hash; KEYS[3]: the SKU's
--- counter; KEYS[4]: the gate's key set; KEYS[5..]: the markers of the
--- orders that have a key, in order.
+-- counter; KEYS[4]: the gate's key set; KEYS[5]: the orders taken again
+-- (below); KEYS[6..]: the markers of the orders that have a key, in order.
 -- ARGV[1]: the consumer group; ARGV[2]: how long a marker outlives its
 -- order (ms); then six per order: entry id, order id, mode, quantity,
 -- Idempotency-Key ('' for none), the counter's epoch at the accept ('' if
@@ -15,14 +15,17 @@
 -- from a counter its Redis lost with its data (a restart without
 -- persistence): the counter was seeded again from MySQL, which did not
 -- hold the order yet if it committed after that, so a confirmed one is
--- taken again (as gate_settle.lua's done). If it committed before the
--- seed read MySQL, that takes it twice: the counter is short until the
--- reconciler sets it once nothing is in flight.
+-- taken again (as gate_settle.lua's done), once however many consumers
+-- settle it (two may hold an entry claimed before the loss; a settle may
+-- be sent again). If it committed before the seed read MySQL, that takes
+-- it twice, as the flow's done does: the counter is short until the
+-- reconciler sets it once nothing is in flight (under guard none, which
+-- reconciles nothing, until a PUT).
 -- Every keyed order's key goes into the key set: MySQL holds it now,
 -- confirmed or rejected, and an order accepted before the gate's Redis
 -- lost its data may be written after the set was loaded again.
 -- Returns how many orders were still queued.
-local m, n = 5, 0
+local m, n = 6, 0
 local exists = redis.call('EXISTS', KEYS[3]) == 1
 for i = 3, #ARGV, 6 do
   local q = tonumber(ARGV[i + 3])
@@ -36,7 +39,9 @@ for i = 3, #ARGV, 6 do
       redis.call('HINCRBY', KEYS[3], 'seq', 1)
     end
   elseif exists and ARGV[i + 2] == 'done' and ARGV[i + 5] ~= '' and
-      redis.call('HGET', KEYS[3], 'epoch') ~= ARGV[i + 5] then
+      redis.call('HGET', KEYS[3], 'epoch') ~= ARGV[i + 5] and
+      redis.call('SADD', KEYS[5], ARGV[i + 1]) == 1 then
+    redis.call('PEXPIRE', KEYS[5], 3600000)
     redis.call('HINCRBY', KEYS[3], 'stock', -q)
     redis.call('HINCRBY', KEYS[3], 'seq', 1)
   end

@@ -109,10 +109,12 @@ func TestQueueRegroups(t *testing.T) {
 // hash and the stream while a consumer holds a batch it read. The counter
 // seeded again from MySQL does not count that batch, which commits after:
 // its confirmed orders are taken from the new counter when they settle
-// (their entries carry the old counter's epoch), or the gate would admit
-// that many orders more than MySQL holds, to be rejected after their 202.
-// A rejected one gives nothing back. An entry of the same epoch settled
-// twice (two consumers after a claim) still counts once.
+// (their entries carry the old counter's epoch), once however often they
+// are settled, or the gate would admit that many orders more than MySQL
+// holds, to be rejected after their 202. A rejected one gives nothing
+// back; an entry of an older version (no epoch) takes nothing. Without a
+// loss, an entry settled twice (two consumers after a claim) counts once,
+// across a PUT too (a reset keeps the epoch).
 func TestQueueSettleAfterDataLoss(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
@@ -143,13 +145,24 @@ func TestQueueSettleAfterDataLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	want := func(stock int64, when string) {
+		t.Helper()
+		if c := counter(t, g, "S"); c.Stock != stock || c.Held != 0 {
+			t.Fatalf("counter %+v %s, want stock %d, held 0", c, when, stock)
+		}
+	}
 	d1 := accept("o1", 1)
 	settle(d1, true)
 	settle(d1, true)
-	if c := counter(t, g, "S"); c.Stock != 9 || c.Held != 0 {
-		t.Fatalf("counter %+v after two settles of one confirmed order, want stock 9 held 0", c)
+	want(9, "after two settles of one confirmed order")
+	if err := g.Reset(ctx, "S", 9); err != nil { // a PUT: MySQL's stock again
+		t.Fatal(err)
 	}
-	d2, d3 := accept("o2", 2), accept("o3", 3) // stock 4, held 5
+	settle(d1, true)
+	want(9, "after a PUT and a third settle of that order")
+
+	d2, d3, d4 := accept("o2", 2), accept("o3", 3), accept("o4", 1) // stock 3, held 6
+	d4.Epoch = "" // as an older version appends it
 	// The loss: every key of the gate and the queue goes.
 	keys, err := rdb.Keys(ctx, prefix+"*").Result()
 	if err != nil || len(keys) == 0 {
@@ -158,8 +171,8 @@ func TestQueueSettleAfterDataLoss(t *testing.T) {
 	if err := rdb.Del(ctx, keys...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// Seeded again from MySQL, which holds o1 only: 9. o2 commits after,
-	// o3 is rejected.
+	// Seeded again from MySQL, which holds o1 only: 9. Then o2 and o4
+	// commit, o3 is rejected.
 	if err := g.Seed(ctx, "S", 9); err != nil {
 		t.Fatal(err)
 	}
@@ -167,8 +180,8 @@ func TestQueueSettleAfterDataLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	settle(d2, true)
+	settle(d2, true) // a second consumer, or the settle sent again
 	settle(d3, false)
-	if c := counter(t, g, "S"); c.Stock != 7 || c.Held != 0 {
-		t.Fatalf("counter %+v after the lost batch settled (o2 committed, o3 rejected), want MySQL's 7, held 0", c)
-	}
+	settle(d4, true)
+	want(7, "after the lost batch settled (o2 committed and settled twice, o3 rejected, o4 of an older version)")
 }

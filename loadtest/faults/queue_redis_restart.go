@@ -121,8 +121,8 @@ func QueueRedisRestart(fsync bool) loadtest.Fault {
 				run.Notef("the queue's Redis restarted with appendonly yes, appendfsync always, %d accepted orders in its stream; it came back with %d of them, its pending list and its counters as they were, for the consumers to go on with", queued, after)
 			} else {
 				run.Notef("the queue's Redis restarted without persistence with %d accepted orders in its stream, %d of them unread: those are lost (lost_accepted; GET answers 404), the %d the consumers had read are written from their memory. "+
-					"Its counters came back empty and the next accept seeded them from MySQL before those %d were written, so until those settle and are taken from the new counters (their entries carry the lost counters' epoch), "+
-					"the gate can admit up to that many more than MySQL holds: a guard that checks rejects those after their 202 (rejected_after_accept); guard none, whose decrement has no condition, can oversell them instead. The stock the lost orders had taken is sold again, or, if the load is over, left unsold (undersold)", queued, queued-pending, pending, pending)
+					"Its counters came back empty and the next accept seeded them from MySQL, usually before those %d were written, so until those settle and are taken from the new counters (their entries carry the lost counters' epoch), "+
+					"the gate can admit up to that many more than MySQL holds: a guard that checks rejects those after their 202 (rejected_after_accept); one written before the seed read MySQL is taken twice, and the counter is short by it (undersold) until the reconciler; guard none, whose decrement has no condition, can oversell them instead. The stock the lost orders had taken is sold again, or, if the load is over, left unsold (undersold)", queued, queued-pending, pending, pending)
 			}
 			return nil
 		},
