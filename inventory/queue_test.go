@@ -162,7 +162,8 @@ func TestQueueSettleAfterDataLoss(t *testing.T) {
 	want(9, "after a PUT and a third settle of that order")
 
 	d2, d3, d4 := accept("o2", 2), accept("o3", 3), accept("o4", 1) // stock 3, held 6
-	d4.Epoch = "" // as an older version appends it
+	// o4 as an older version appends it: without an epoch.
+	d4.Epoch = ""
 	// The loss: every key of the gate and the queue goes.
 	keys, err := rdb.Keys(ctx, prefix+"*").Result()
 	if err != nil || len(keys) == 0 {
