@@ -19,9 +19,49 @@ import (
 
 func newGate(t *testing.T) *inventory.Gate {
 	t.Helper()
+	g, _, _ := gateOn(t)
+	return g
+}
+
+// loseData deletes every key under prefix, as a Redis restarted without
+// persistence has lost them.
+func loseData(t *testing.T, rdb *redis.Client, prefix string) {
+	t.Helper()
+	keys, err := rdb.Keys(t.Context(), prefix+"*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("gate keys: %v %v", keys, err)
+	}
+	if err := rdb.Del(t.Context(), keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// keyedGate seeds SKU "S" on g with stock units and marks its key set
+// complete (MySQL holding no key); it returns a take of one unit under a
+// key.
+func keyedGate(t *testing.T, g *inventory.Gate, stock int64) (take func(key string) error) {
+	t.Helper()
+	ctx := t.Context()
+	if err := g.Seed(ctx, "S", stock); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := g.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) { return nil, true, nil }); err != nil || !ok {
+		t.Fatalf("complete keys: %v %v", ok, err)
+	}
+	lines := []inventory.Line{{SKU: "S", Quantity: 1}}
+	return func(key string) error {
+		return g.Take(ctx, "order:key:"+key, "e", time.Now().Add(time.Hour), inventory.TakeKey{Key: key}, lines)
+	}
+}
+
+// gateOn is newGate with its client and key prefix, for tests that reach
+// under the gate (its data lost, another Redis process).
+func gateOn(t *testing.T) (*inventory.Gate, *redis.Client, string) {
+	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
-	return inventory.NewGate(rdb, testbed.Prefix(t)+":", "db")
+	prefix := testbed.Prefix(t) + ":"
+	return inventory.NewGate(rdb, prefix, "db"), rdb, prefix
 }
 
 func counter(t *testing.T, g *inventory.Gate, sku string) inventory.Counter {
@@ -99,10 +139,7 @@ func TestGateSettlesOnce(t *testing.T) {
 // a hold's key naming a queued order is refused. The set is complete only
 // once loaded, and not any more once its Redis lost its data.
 func TestGateKeys(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
-	prefix := testbed.Prefix(t) + ":"
-	g := inventory.NewGate(rdb, prefix, "db")
+	g, rdb, prefix := gateOn(t)
 	ctx := t.Context()
 	lines := []inventory.Line{{SKU: "S", Quantity: 1}}
 	take := func(tag string, key inventory.TakeKey) error {
@@ -185,16 +222,7 @@ func TestGateKeys(t *testing.T) {
 	// The gate's Redis loses its data: a reseeded gate has no complete set
 	// until it is loaded again, and a load whose MySQL read raced the loss
 	// adds nothing (the key taken for before the loss may be missing).
-	flush := func() {
-		t.Helper()
-		keys, err := rdb.Keys(ctx, prefix+"*").Result()
-		if err != nil || len(keys) == 0 {
-			t.Fatalf("gate keys: %v %v", keys, err)
-		}
-		if err := rdb.Del(ctx, keys...).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	flush := func() { loseData(t, rdb, prefix) }
 	flush()
 	if err := g.Seed(ctx, "S", 0); err != nil {
 		t.Fatal(err)
@@ -251,10 +279,7 @@ func TestGateKeys(t *testing.T) {
 // a set completed on another Redis process is not trusted by the take;
 // a reset empties the set.
 func TestGateKeysAfterLoss(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
-	prefix := testbed.Prefix(t) + ":"
-	g := inventory.NewGate(rdb, prefix, "db")
+	g, rdb, prefix := gateOn(t)
 	ctx := t.Context()
 	lines := []inventory.Line{{SKU: "S", Quantity: 1}}
 	none := func(context.Context) ([]string, bool, error) { return nil, true, nil }
@@ -263,13 +288,7 @@ func TestGateKeysAfterLoss(t *testing.T) {
 	}
 	flush := func() { // the gate's Redis loses its data; MySQL's stock is 1
 		t.Helper()
-		keys, err := rdb.Keys(ctx, prefix+"*").Result()
-		if err != nil || len(keys) == 0 {
-			t.Fatalf("gate keys: %v %v", keys, err)
-		}
-		if err := rdb.Del(ctx, keys...).Err(); err != nil {
-			t.Fatal(err)
-		}
+		loseData(t, rdb, prefix)
 		if err := g.Seed(ctx, "S", 1); err != nil {
 			t.Fatal(err)
 		}
@@ -448,16 +467,7 @@ func TestGateKeysRestartFromPersistence(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	g := inventory.NewGate(rdb, "", "db")
 	ctx := t.Context()
-	lines := []inventory.Line{{SKU: "S", Quantity: 1}}
-	take := func(key string) error {
-		return g.Take(ctx, "order:key:"+key, "e", time.Now().Add(time.Hour), inventory.TakeKey{Key: key}, lines)
-	}
-	if err := g.Seed(ctx, "S", 1); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := g.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) { return nil, true, nil }); err != nil || !ok {
-		t.Fatalf("complete keys: %v %v", ok, err)
-	}
+	take := keyedGate(t, g, 1)
 	if err := rdb.Save(ctx).Err(); err != nil { // the last snapshot
 		t.Fatal(err)
 	}
@@ -516,16 +526,7 @@ func TestGateKeysFailback(t *testing.T) {
 	}
 	synced(ry)
 	g := inventory.NewGate(rx, "", "db")
-	lines := []inventory.Line{{SKU: "S", Quantity: 1}}
-	take := func(key string) error {
-		return g.Take(ctx, "order:key:"+key, "e", time.Now().Add(time.Hour), inventory.TakeKey{Key: key}, lines)
-	}
-	if err := g.Seed(ctx, "S", 1); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := g.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) { return nil, true, nil }); err != nil || !ok {
-		t.Fatalf("complete keys: %v %v", ok, err)
-	}
+	take := keyedGate(t, g, 1)
 	if n, err := rx.Do(ctx, "WAIT", 1, 0).Int(); err != nil || n != 1 { // Y holds the flag
 		t.Fatalf("wait for the replica: %d %v", n, err)
 	}
@@ -575,16 +576,8 @@ func TestGateKeysNotTrustedOnAReplica(t *testing.T) {
 	rx := redis.NewClient(&redis.Options{Addr: x.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rx.Close() })
 	g := inventory.NewGate(rx, "", "db")
-	lines := []inventory.Line{{SKU: "S", Quantity: 1}}
-	if err := g.Seed(ctx, "S", 0); err != nil { // sold out
-		t.Fatal(err)
-	}
-	if ok, err := g.CompleteKeys(ctx, time.Hour, func(context.Context) ([]string, bool, error) { return nil, true, nil }); err != nil || !ok {
-		t.Fatalf("complete keys: %v %v", ok, err)
-	}
-	take := func() error {
-		return g.Take(ctx, "order:key:new", "e", time.Now().Add(time.Hour), inventory.TakeKey{Key: "new"}, lines)
-	}
+	takeKey := keyedGate(t, g, 0) // sold out
+	take := func() error { return takeKey("new") }
 	if err := take(); !errors.Is(err, inventory.ErrShort) {
 		t.Fatalf("on the master: %v, want ErrShort (the set is complete)", err)
 	}

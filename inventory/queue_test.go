@@ -5,9 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/oversold-lab/oversold/internal/testbed"
 	"github.com/oversold-lab/oversold/inventory"
 )
 
@@ -77,10 +74,7 @@ func TestQueueAcceptAndSettleOnce(t *testing.T) {
 // A stream and group gone (a Redis restarted without persistence) are made
 // again by the next read or claim, which then finds what is accepted since.
 func TestQueueRegroups(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
-	prefix := testbed.Prefix(t) + ":"
-	g := inventory.NewGate(rdb, prefix, "db")
+	g, rdb, prefix := gateOn(t)
 	q := g.Queue()
 	ctx := t.Context()
 	if err := g.Seed(ctx, "S", 3); err != nil {
@@ -116,10 +110,7 @@ func TestQueueRegroups(t *testing.T) {
 // loss, an entry settled twice (two consumers after a claim) counts once,
 // across a PUT too (a reset keeps the epoch).
 func TestQueueSettleAfterDataLoss(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: testbed.Redis(t), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
-	prefix := testbed.Prefix(t) + ":"
-	g := inventory.NewGate(rdb, prefix, "db")
+	g, rdb, prefix := gateOn(t)
 	q := g.Queue()
 	ctx := t.Context()
 	if err := q.Group(ctx); err != nil {
@@ -165,13 +156,7 @@ func TestQueueSettleAfterDataLoss(t *testing.T) {
 	// o4 as an older version appends it: without an epoch.
 	d4.Epoch = ""
 	// The loss: every key of the gate and the queue goes.
-	keys, err := rdb.Keys(ctx, prefix+"*").Result()
-	if err != nil || len(keys) == 0 {
-		t.Fatalf("gate keys %v %v", keys, err)
-	}
-	if err := rdb.Del(ctx, keys...).Err(); err != nil {
-		t.Fatal(err)
-	}
+	loseData(t, rdb, prefix)
 	// Seeded again from MySQL, which holds o1 only: 9. Then o2 and o4
 	// commit, o3 is rejected.
 	if err := g.Seed(ctx, "S", 9); err != nil {
